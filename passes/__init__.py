@@ -1,0 +1,6 @@
+"""Relax passes of plus_tvm, one pass per file, each named after its class."""
+
+from .apply_schedule_rules import ApplyScheduleRules
+from .rewrite_cuda_graph import RewriteCUDAGraph
+
+__all__ = ["ApplyScheduleRules", "RewriteCUDAGraph"]

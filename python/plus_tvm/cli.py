@@ -1,0 +1,325 @@
+"""The ``plus-tvm`` command line (tvmc-style).
+
+``plus-tvm compile|run|inspect|bench MODEL`` and ``plus-tvm zoo list``; MODEL is ``path.onnx``,
+``zoo:NAME`` or ``python:MODULE:ATTR`` (``run`` also takes a library written by ``compile``).
+Every command takes ``--target`` (a name or a JSON dict) and ``--opt KEY=VALUE`` for any
+``Options`` field. Bad input ends with one clear line and exit code 2; ``--debug`` shows the
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL_ERROR = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on usage errors already; keep its message to one line plus usage."""
+
+
+def _common(p: argparse.ArgumentParser, pipeline: bool = True) -> None:
+    p.add_argument("model", help="path.onnx, zoo:NAME or python:MODULE:ATTR")
+    p.add_argument("--target", default="llvm", help="llvm, cuda or a JSON target dict")
+    if pipeline:
+        p.add_argument("--pipeline", choices=("plus", "tvm"), default="plus")
+    p.add_argument(
+        "--opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set an Options field (repeatable), e.g. --opt fusion=tvm",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``plus-tvm``."""
+    parser = _Parser(prog="plus-tvm", description="plus_tvm: TVM Relax with pluggable schedules")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="compile a model to a shared library")
+    _common(p)
+    p.add_argument("-o", "--output", required=True, help="library path (.so)")
+    p.add_argument("--json", action="store_true", help="print the stats as JSON")
+
+    p = sub.add_parser(
+        "run", help="compile (or load) and run a model, check it against a reference"
+    )
+    _common(p)
+    p.add_argument(
+        "--inputs",
+        help=".npz of inputs (by input name or order); default: the "
+        "model's example inputs or random ones",
+    )
+    p.add_argument("--output", help="write outputs to this .npz")
+    p.add_argument("--no-check", action="store_true", help="skip the reference comparison")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = sub.add_parser("inspect", help="fusion and dispatch statistics without code generation")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print the stats contract as JSON")
+
+    p = sub.add_parser("bench", help="benchmark against TVM, torch, torch.compile, onnxruntime")
+    _common(p, pipeline=False)
+    p.add_argument(
+        "--compare",
+        default="plus,tvm,torch,torch-compile,onnxruntime",
+        help="comma-separated backends",
+    )
+    p.add_argument("--runs", type=int, default=20, help="timed runs per backend")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs per backend first")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=60.0,
+        help="seconds per backend for its runs (slow backends get fewer runs)",
+    )
+    p.add_argument("--json", dest="json_path", help="write the result JSON to this file")
+    p.add_argument("--plot", help="write a PNG bar chart to this file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("zoo", help="the model zoo")
+    zsub = p.add_subparsers(dest="zoo_command", required=True)
+    zl = zsub.add_parser("list", help="list zoo models")
+    zl.add_argument("--json", action="store_true")
+    return parser
+
+
+def _options(pairs: Sequence[str]):
+    from .options import Options
+
+    return Options.from_pairs(pairs)
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    import plus_tvm
+
+    cm = plus_tvm.compile(
+        args.model, args.target, options=_options(args.opt), pipeline=args.pipeline
+    )
+    cm.export_library(args.output)
+    if args.json:
+        print(json.dumps(_public_stats(cm.stats), indent=1))
+    else:
+        from .report import stats_text
+
+        print(stats_text(cm.stats))
+        print(f"wrote {args.output} (+ .params, .json)")
+    return 0
+
+
+def _load_inputs(path: str, specs: list) -> tuple:
+    import numpy as np
+
+    from .errors import ModelLoadError
+
+    if not os.path.exists(path):
+        raise ModelLoadError(f"inputs file not found: {path}")
+    try:
+        data = np.load(path)
+    except Exception as err:
+        raise ModelLoadError(f"cannot read inputs file {path}: {err}") from None
+    if all(s.name in data.files for s in specs):
+        return tuple(data[s.name] for s in specs)
+    if len(data.files) == len(specs):
+        return tuple(data[k] for k in data.files)
+    raise ModelLoadError(f"{path} holds {data.files}; the model takes {[s.name for s in specs]}")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import plus_tvm
+
+    from .loader import random_inputs
+
+    is_library = args.model.endswith(".so") and os.path.exists(args.model + ".json")
+    if is_library:
+        cm = plus_tvm.load(args.model)
+    else:
+        cm = plus_tvm.compile(
+            args.model, args.target, options=_options(args.opt), pipeline=args.pipeline
+        )
+    source = cm.source
+    if args.inputs:
+        inputs = _load_inputs(args.inputs, cm.inputs)
+    elif source is not None and source.example_inputs is not None:
+        inputs = tuple(
+            np.asarray(x.detach().numpy() if hasattr(x, "detach") else x)
+            for x in source.example_inputs
+        )
+    else:
+        inputs = random_inputs(cm.inputs)
+    outputs = cm(*inputs)
+    outs = outputs if isinstance(outputs, tuple) else (outputs,)
+    result: dict[str, object] = {
+        "model": cm.stats.get("model"),
+        "outputs": [
+            {
+                "shape": list(o.shape),
+                "dtype": str(o.dtype),
+                "mean": float(np.mean(o)),
+                "std": float(np.std(o)),
+            }
+            for o in outs
+        ],
+    }
+    if not args.no_check and source is not None:
+        ref_name, ref = _reference(source, inputs)
+        if ref is not None:
+            refs = ref if isinstance(ref, tuple) else (ref,)
+            err = max(
+                float(np.max(np.abs(o.astype(np.float64) - r.astype(np.float64))))
+                for o, r in zip(outs, refs)
+            )
+            result["reference"] = ref_name
+            result["max_abs_err"] = err
+    if args.output:
+        np.savez(args.output, **{f"output{i}": o for i, o in enumerate(outs)})
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        for i, o in enumerate(result["outputs"]):
+            print(
+                f"output{i}: shape {tuple(o['shape'])} {o['dtype']} mean {o['mean']:.4g} "
+                f"std {o['std']:.4g}"
+            )
+        if "max_abs_err" in result:
+            print(f"max abs error vs {result['reference']}: {result['max_abs_err']:.3e}")
+    return 0
+
+
+def _reference(source, inputs) -> tuple[str, object]:
+    """Run the source model in torch eager or onnxruntime on the same inputs."""
+    import numpy as np
+
+    if source.torch_module is not None:
+        import torch
+
+        with torch.inference_mode():
+            out = source.torch_module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])
+        if isinstance(out, (tuple, list)):
+            return "torch", tuple(o.numpy() for o in out)
+        return "torch", out.numpy()
+    if source.onnx_model is not None:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(
+            source.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        feed = {i.name: x for i, x in zip(sess.get_inputs(), inputs)}
+        outs = sess.run(None, feed)
+        return "onnxruntime", tuple(outs) if len(outs) > 1 else outs[0]
+    return "", None
+
+
+def _public_stats(stats: dict) -> dict:
+    return {k: v for k, v in stats.items() if k != "kernel_names"}
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    import plus_tvm
+
+    stats = plus_tvm.inspect(args.model, args.target, _options(args.opt), pipeline=args.pipeline)
+    if args.json:
+        print(json.dumps(_public_stats(stats), indent=1))
+    else:
+        from .report import stats_text
+
+        print(stats_text(stats))
+        top = sorted(stats.get("kernel_names", {}).items(), key=lambda kv: -kv[1])[:10]
+        if top:
+            print("top kernels: " + ", ".join(f"{k} x{v}" for k, v in top))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import Bench, format_table, plot
+
+    backends = [b.strip() for b in args.compare.split(",") if b.strip()]
+    result = Bench(
+        args.model,
+        backends,
+        target=args.target,
+        options=_options(args.opt),
+        runs=args.runs,
+        warmup=args.warmup,
+        budget_s=args.budget,
+        progress=not args.no_progress,
+    ).run()
+    print(format_table(result))
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.json_path}")
+    if args.plot:
+        plot(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _cmd_zoo(args: argparse.Namespace) -> int:
+    from . import zoo
+
+    entries = [zoo.get(n) for n in zoo.names()]
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {"name": e.name, "family": e.family, "description": e.description}
+                    for e in entries
+                ],
+                indent=1,
+            )
+        )
+    else:
+        width = max(len(e.name) for e in entries)
+        for e in entries:
+            print(f"zoo:{e.name:<{width}}  {e.family:<7} {e.description}")
+    return 0
+
+
+COMMANDS = {
+    "compile": _cmd_compile,
+    "run": _cmd_run,
+    "inspect": _cmd_inspect,
+    "bench": _cmd_bench,
+    "zoo": _cmd_zoo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``plus-tvm``; returns the exit code."""
+    from .errors import PlusError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except PlusError as err:
+        if args.debug:
+            raise
+        print(f"plus-tvm: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("plus-tvm: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # anything else is our bug: say so in one line
+        if args.debug:
+            raise
+        first = str(err).strip().splitlines()
+        print(
+            f"plus-tvm: internal error: {type(err).__name__}: {first[-1] if first else ''} "
+            "(run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL_ERROR
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Exceptions raised by plus_tvm.
+
+Every error a user can cause (bad model file, unknown zoo name, unsupported operator, wrong
+input at run time, bad option) is a :class:`PlusError` with a message that names what is wrong
+and where. The CLI turns these into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+
+class PlusError(Exception):
+    """Base class of every user-facing plus_tvm error."""
+
+
+class OptionsError(PlusError, ValueError):
+    """An ``Options`` field has an unknown name or an invalid value."""
+
+
+class TargetError(PlusError, ValueError):
+    """A target name or JSON target description cannot be turned into a TVM target."""
+
+
+class ModelLoadError(PlusError, ValueError):
+    """A model file or model reference cannot be read (missing, corrupt, wrong kind)."""
+
+
+class UnknownModelError(PlusError, KeyError):
+    """A ``zoo:NAME`` reference names no zoo model."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class UnsupportedOperatorError(PlusError, NotImplementedError):
+    """The importer met an operator it cannot convert; the message names the op and the node."""
+
+
+class InputError(PlusError, ValueError):
+    """Inputs passed to a compiled model do not match its signature (count, shape or dtype)."""

@@ -1,0 +1,261 @@
+"""Frontends: torch (``torch.export``) and ONNX models to Relax, weights kept as inputs.
+
+Both return ``(IRModule, params)``: ``main`` takes the model inputs first and the weights after
+them (its ``num_input`` attribute says how many are inputs), and ``params`` maps each weight's
+Relax parameter name to its value, in ``main``'s order. Keeping weights as inputs lets the
+pipeline reason about them (layout, prepacking, CUDA graphs) without baking them into the code.
+
+Import failures are reported as :class:`~plus_tvm.errors.UnsupportedOperatorError` naming the
+operator and the graph node, or :class:`~plus_tvm.errors.ModelLoadError` for unreadable files.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import typing
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .errors import ModelLoadError, PlusError, UnsupportedOperatorError
+
+if typing.TYPE_CHECKING:  # pragma: no cover
+    import onnx
+    import torch
+
+Params = dict[str, np.ndarray]
+
+
+# --------------------------------------------------------------------------------------- torch
+def from_torch(
+    module: torch.nn.Module | torch.export.ExportedProgram,
+    example_args: Sequence[torch.Tensor] | None = None,
+    dynamic_shapes: object = None,
+) -> tuple[tvm.IRModule, Params]:
+    """Import a torch model through ``torch.export``.
+
+    Parameters
+    ----------
+    module : torch.nn.Module or torch.export.ExportedProgram
+        The model (put in eval mode by the caller) or an already exported program.
+    example_args : sequence of torch.Tensor
+        Example inputs for export; required for an ``nn.Module``.
+    dynamic_shapes : object, optional
+        Passed to ``torch.export.export`` (e.g. ``{"x": {0: torch.export.Dim("batch")}}``); the
+        dynamic dims become Relax symbolic shape variables.
+
+    Returns
+    -------
+    (tvm.IRModule, dict[str, numpy.ndarray])
+        The Relax module and its weights by parameter name.
+    """
+    import torch
+
+    from .torch_fixes import custom_convert_map  # importer bug workarounds
+
+    if isinstance(module, torch.export.ExportedProgram):
+        program = module
+    elif isinstance(module, torch.nn.Module):
+        if example_args is None:
+            raise ModelLoadError("from_torch: example_args are required to export an nn.Module")
+        args = tuple(example_args) if isinstance(example_args, (list, tuple)) else (example_args,)
+        try:
+            with torch.no_grad():
+                program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
+        except Exception as err:  # torch.export raises many error types
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelLoadError(
+                f"torch.export failed for {type(module).__name__}: {first}"
+            ) from err
+    else:
+        raise ModelLoadError(
+            f"from_torch expects a torch.nn.Module or ExportedProgram, got {type(module).__name__}"
+        )
+
+    program = program.run_decompositions()
+    custom = custom_convert_map()
+    importer = _NamingImporter()
+    _check_torch_ops(program, set(importer.convert_map) | set(custom))
+    mod = importer.from_exported_program(
+        program,
+        keep_params_as_input=True,
+        unwrap_unit_return_tuple=True,
+        no_bind_return_tuple=False,
+        custom_convert_map=custom,
+    )
+    return _detach(mod)
+
+
+def _node_location(node: object) -> str:
+    trace = getattr(node, "meta", {}).get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip().startswith("File ")]
+    return f" ({lines[-1]})" if lines else ""
+
+
+def _check_torch_ops(program: torch.export.ExportedProgram, known: set[str]) -> None:
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(node.target, "__name__", str(node.target))
+        if name not in known:
+            raise UnsupportedOperatorError(
+                f"unsupported torch operator {name} at node '{node.name}'{_node_location(node)}: "
+                "TVM 0.27's torch importer has no converter for it"
+            )
+
+
+def _naming_errors(op_name: str, fn: Callable) -> Callable:
+    """Wrap a converter so that a failure names the torch op and the node it failed on."""
+
+    @functools.wraps(fn)
+    def convert(node, *rest):
+        try:
+            return fn(node, *rest)
+        except PlusError:
+            raise
+        except Exception as err:
+            msg = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            raise UnsupportedOperatorError(
+                f"cannot import torch operator {op_name} at node '{node.name}'"
+                f"{_node_location(node)}: {msg}"
+            ) from err
+
+    return convert
+
+
+def _naming_importer_class() -> type:
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    class NamingImporter(ExportedProgramImporter):
+        """TVM's importer whose converters report the node they fail on."""
+
+        def create_convert_map(self):
+            return {k: _naming_errors(k, f) for k, f in super().create_convert_map().items()}
+
+        def update_convert_map(self, custom_convert_map):
+            wrapped = {k: _naming_errors(k, f) for k, f in custom_convert_map.items()}
+            super().update_convert_map(wrapped)
+
+    return NamingImporter
+
+
+def _NamingImporter():  # noqa: N802 - reads like a class at the call site
+    return _naming_importer_class()()
+
+
+# ---------------------------------------------------------------------------------------- onnx
+def from_onnx(
+    path_or_proto: str | os.PathLike | onnx.ModelProto,
+    shape_dict: Mapping[str, Sequence[int | str]] | None = None,
+) -> tuple[tvm.IRModule, Params]:
+    """Import an ONNX model.
+
+    Parameters
+    ----------
+    path_or_proto : str, path or onnx.ModelProto
+        The model file or the loaded model.
+    shape_dict : mapping, optional
+        Input shapes overriding the file's; a string dim (e.g. ``"batch"``) is symbolic. Symbolic
+        dims in the file (``dim_param``) become Relax symbolic shape variables.
+
+    Returns
+    -------
+    (tvm.IRModule, dict[str, numpy.ndarray])
+    """
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
+
+    model = load_onnx(path_or_proto)
+    where = str(path_or_proto) if not isinstance(path_or_proto, onnx.ModelProto) else "model"
+    _check_onnx_ops(model, where)
+    initializers = {t.name for t in model.graph.initializer}
+    dtypes = {}
+    for inp in model.graph.input:
+        if inp.name in initializers:
+            continue
+        elem = inp.type.tensor_type.elem_type
+        dtypes[inp.name] = str(onnx.helper.tensor_dtype_to_np_dtype(elem))
+    shapes = None
+    if shape_dict:
+        shapes = {
+            k: [tvm.tirx.Var(d, "int64") if isinstance(d, str) else int(d) for d in v]
+            for k, v in shape_dict.items()
+        }
+        unknown = set(shapes) - set(dtypes)
+        if unknown:
+            raise ModelLoadError(
+                f"{where}: shape_dict names no input {sorted(unknown)}; inputs are {sorted(dtypes)}"
+            )
+    try:
+        mod = tvm_from_onnx(model, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=True)
+    except PlusError:
+        raise
+    except Exception as err:
+        msg = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise UnsupportedOperatorError(f"{where}: TVM's ONNX importer failed: {msg}") from err
+    return _detach(mod)
+
+
+def load_onnx(path_or_proto: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    """Load and check an ONNX model, with errors that name the file."""
+    import onnx
+
+    if isinstance(path_or_proto, onnx.ModelProto):
+        model = path_or_proto
+        where = "model"
+    else:
+        where = str(path_or_proto)
+        if not os.path.exists(where):
+            raise ModelLoadError(f"ONNX file not found: {where}")
+        try:
+            model = onnx.load(where)
+        except Exception as err:
+            raise ModelLoadError(f"cannot parse ONNX file {where}: {err}") from None
+    if not model.graph.node and not model.graph.output:
+        raise ModelLoadError(f"{where} holds no ONNX graph (empty or not an ONNX model)")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as err:
+        msg = str(err).strip().splitlines()[0]
+        raise ModelLoadError(f"{where} is not a valid ONNX model: {msg}") from None
+    return model
+
+
+def _check_onnx_ops(model: onnx.ModelProto, where: str) -> None:
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    known = set(_get_convert_map()) | {"Constant", "If"}
+    for node in model.graph.node:
+        if node.op_type not in known:
+            raise UnsupportedOperatorError(
+                f"{where}: unsupported ONNX operator {node.op_type} at node "
+                f"'{node.name or '(unnamed)'}': TVM 0.27's ONNX importer has no converter for it"
+            )
+
+
+# -------------------------------------------------------------------------------------- common
+def _detach(mod: tvm.IRModule) -> tuple[tvm.IRModule, Params]:
+    mod, detached = relax.frontend.detach_params(mod)
+    main = mod["main"]
+    num_input = (
+        int(main.attrs["num_input"])
+        if main.attrs and "num_input" in main.attrs
+        else len(main.params)
+    )
+    names = [p.name for p in main.params[num_input:]]
+    values = detached.get("main", [])
+    if len(values) != len(names):
+        raise PlusError(f"importer returned {len(values)} weights for {len(names)} parameters")
+    params = {name: value.numpy() for name, value in zip(names, values)}
+    return mod, params
+
+
+def num_inputs(mod: tvm.IRModule, func: str = "main") -> int:
+    """How many leading parameters of ``func`` are model inputs (the rest are weights)."""
+    fn = mod[func]
+    if fn.attrs is not None and "num_input" in fn.attrs:
+        return int(fn.attrs["num_input"])
+    return len(fn.params)

@@ -1,0 +1,167 @@
+"""Resolve whatever a user hands us (zoo name, ONNX file, torch module, IRModule) to Relax.
+
+One function, :func:`load_model`, serves the Python API, the CLI and the benchmark, so every entry
+point accepts the same model references:
+
+- ``"zoo:NAME"``: a model of :mod:`plus_tvm.zoo` with its example inputs;
+- a path ending in ``.onnx`` (or an ``onnx.ModelProto``);
+- ``"python:MODULE:ATTR"`` or ``"python:path/to/file.py:ATTR"``: ``ATTR`` is a callable returning
+  ``(nn.Module, example_args)``, or an ``nn.Module`` whose Python module defines ``example_args``;
+- a ``torch.nn.Module`` (with ``example_args``) or ``torch.export.ExportedProgram``;
+- a Relax ``IRModule``, or ``(IRModule, params)`` as returned by the frontends.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+
+from .errors import ModelLoadError
+from .frontend import Params, from_onnx, from_torch
+
+
+@dataclass
+class LoadedModel:
+    """A model imported to Relax, with what is known about how to run it for reference."""
+
+    name: str
+    mod: tvm.IRModule
+    params: Params
+    torch_module: object | None = None  # torch.nn.Module, for torch eager references
+    example_inputs: tuple | None = None  # torch tensors or numpy arrays
+    onnx_model: object | None = None  # onnx.ModelProto, for onnxruntime references
+    source: str = "relax"  # "zoo", "torch", "onnx", "relax"
+    extra: dict = field(default_factory=dict)
+
+
+def load_model(model: object, example_args: object = None) -> LoadedModel:
+    """Import ``model`` (any reference listed in the module docstring) to Relax."""
+    import onnx
+
+    if isinstance(model, LoadedModel):
+        return model
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    if isinstance(model, str):
+        if model.startswith("zoo:"):
+            return _load_zoo(model[4:])
+        if model.startswith("python:"):
+            module, args = _load_python(model[len("python:") :])
+            return _load_torch(module, args or example_args, name=model, source="torch")
+        if model.endswith(".onnx") or os.path.exists(model):
+            return _load_onnx(model)
+        raise ModelLoadError(
+            f"cannot tell what model {model!r} is: use zoo:NAME, a .onnx file or python:MODULE:ATTR"
+        )
+    if isinstance(model, onnx.ModelProto):
+        return _load_onnx(model)
+    if isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], tvm.IRModule):
+        return LoadedModel("relax", model[0], dict(model[1]), example_inputs=example_args)
+    if isinstance(model, tvm.IRModule):
+        if "main" not in model.get_global_vars() and not any(
+            gv.name_hint == "main" for gv in model.get_global_vars()
+        ):
+            raise ModelLoadError("the IRModule has no 'main' function")
+        return LoadedModel("relax", model, {}, example_inputs=example_args)
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        torch = None
+    if torch is not None and isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
+        return _load_torch(model, example_args, name=type(model).__name__, source="torch")
+    raise ModelLoadError(f"unsupported model type {type(model).__name__}")
+
+
+def _load_zoo(name: str) -> LoadedModel:
+    from . import zoo
+
+    entry = zoo.get(name)
+    module, args = zoo.load(entry.name)
+    loaded = _load_torch(module, args, name=entry.name, source="zoo")
+    loaded.extra["zoo_entry"] = entry
+    return loaded
+
+
+def _load_torch(module: object, example_args: object, name: str, source: str) -> LoadedModel:
+    import torch
+
+    if example_args is not None and not isinstance(example_args, (list, tuple)):
+        example_args = (example_args,)
+    mod, params = from_torch(module, example_args)
+    torch_module = module if isinstance(module, torch.nn.Module) else module.module()
+    return LoadedModel(
+        name,
+        mod,
+        params,
+        torch_module=torch_module,
+        example_inputs=tuple(example_args) if example_args is not None else None,
+        source=source,
+    )
+
+
+def _load_onnx(path_or_proto: object) -> LoadedModel:
+    from .frontend import load_onnx
+
+    proto = load_onnx(path_or_proto)
+    mod, params = from_onnx(proto if not isinstance(path_or_proto, str) else path_or_proto)
+    name = os.path.basename(path_or_proto) if isinstance(path_or_proto, str) else "onnx-model"
+    return LoadedModel(name, mod, params, onnx_model=proto, source="onnx")
+
+
+def _load_python(ref: str) -> tuple[object, tuple | None]:
+    """``MODULE:ATTR`` or ``FILE.py:ATTR`` -> (nn.Module, example_args or None)."""
+    if ":" not in ref:
+        raise ModelLoadError(f"python:{ref}: expected python:MODULE:ATTR or python:FILE.py:ATTR")
+    where, attr = ref.rsplit(":", 1)
+    try:
+        if where.endswith(".py"):
+            if not os.path.exists(where):
+                raise ModelLoadError(f"python model file not found: {where}")
+            spec = importlib.util.spec_from_file_location("_plus_user_model", where)
+            pymod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(pymod)
+        else:
+            pymod = importlib.import_module(where)
+    except ModelLoadError:
+        raise
+    except Exception as err:
+        raise ModelLoadError(f"cannot import {where}: {type(err).__name__}: {err}") from None
+    if not hasattr(pymod, attr):
+        raise ModelLoadError(f"{where} has no attribute {attr!r}")
+    obj = getattr(pymod, attr)
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        return obj, getattr(pymod, "example_args", None)
+    if callable(obj):
+        result = obj()
+        if isinstance(result, tuple) and len(result) == 2:
+            return result
+        if isinstance(result, torch.nn.Module):
+            return result, getattr(pymod, "example_args", None)
+    raise ModelLoadError(
+        f"python:{ref} must be an nn.Module or a callable returning (nn.Module, example_args)"
+    )
+
+
+def random_inputs(specs: list, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """Random inputs for input specs whose shapes are static (ints in [0, 16) for int dtypes)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for spec in specs:
+        if any(isinstance(d, str) for d in spec.shape):
+            raise ModelLoadError(
+                f"input {spec.name} has symbolic shape {spec.shape}: give inputs explicitly"
+            )
+        if np.issubdtype(np.dtype(spec.dtype), np.integer):
+            out.append(rng.integers(0, 16, size=spec.shape).astype(spec.dtype))
+        elif spec.dtype == "bool":
+            out.append(rng.integers(0, 2, size=spec.shape).astype(bool))
+        else:
+            out.append(rng.standard_normal(spec.shape).astype(spec.dtype))
+    return tuple(out)

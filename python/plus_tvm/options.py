@@ -1,0 +1,153 @@
+"""One typed, frozen options object for every plus_tvm knob.
+
+``Options`` is the single place where the pipeline's behaviour is configured. It is hashable and
+has a stable :meth:`Options.digest` so it can key caches; the CLI sets any field with
+``--opt KEY=VALUE``. A value that the contract names but this build does not implement yet is
+rejected with a clear message instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+
+from .errors import OptionsError
+
+FUSION_CHOICES = ("dp", "tvm")
+CUDA_GRAPH_CHOICES = ("auto", "off", "always")
+
+# Values the public contract reserves for parts that later work delivers. Rejecting them keeps a
+# user from believing that, e.g., DP fusion ran when it did not.
+_NOT_YET_AVAILABLE: dict[tuple[str, object], str] = {
+    ("fusion", "dp"): "DP fusion search (paper 004) is not in this build yet; use fusion=tvm",
+    (
+        "dispatch",
+        True,
+    ): "+Graph library dispatch (PluS) is not in this build yet; use dispatch=false",
+    ("gir", True): "GIR memory-kernel schedules are not in this build yet; use gir=false",
+    ("cuda_graph", "auto"): "cost-benefit CUDA graph selection is not in this build yet; "
+    "use cuda_graph=off or cuda_graph=always",
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    """Settings of the plus pipeline.
+
+    Parameters
+    ----------
+    fusion : {"dp", "tvm"}
+        Fusion algorithm of phase 3: the mapping-type DP search of paper 004 or TVM's FuseOps.
+    dispatch : bool
+        Phase 1: identify +Graphs and dispatch them to warehouse implementations.
+    warehouse : tuple of str
+        Extra warehouse entry folders, searched after the shipped entries.
+    gir : bool
+        Phase 4: schedule memory-intensive kernels through GIR plans.
+    cuda_graph : {"auto", "off", "always"}
+        Phase 6 on CUDA targets: capture static kernel runs into CUDA graphs.
+    fold_constants : bool
+        Run ``FoldConstant`` after legalization (TVM's default does).
+    dump_ir : str or None
+        Folder to which the IR after each pipeline phase is written (debugging aid).
+    """
+
+    fusion: str = "tvm"
+    dispatch: bool = False
+    warehouse: tuple[str, ...] = field(default_factory=tuple)
+    gir: bool = False
+    cuda_graph: str = "off"
+    fold_constants: bool = True
+    dump_ir: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.warehouse, (list, str)):
+            items = [self.warehouse] if isinstance(self.warehouse, str) else self.warehouse
+            object.__setattr__(self, "warehouse", tuple(items))
+        _check_choice("fusion", self.fusion, FUSION_CHOICES)
+        _check_choice("cuda_graph", self.cuda_graph, CUDA_GRAPH_CHOICES)
+        for name in ("dispatch", "gir", "fold_constants"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionsError(
+                    f"option {name} must be true or false, got {getattr(self, name)!r}"
+                )
+        for key, why in _NOT_YET_AVAILABLE.items():
+            if getattr(self, key[0]) == key[1] and type(getattr(self, key[0])) is type(key[1]):
+                raise OptionsError(f"option {key[0]}={_render(key[1])}: {why}")
+
+    # ------------------------------------------------------------------ helpers
+    def replace(self, **changes: object) -> Options:
+        """Return a copy with some fields changed (validated like the constructor)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise OptionsError(f"unknown option(s) {sorted(unknown)}; known: {field_names()}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, object]:
+        """The options as a JSON-serialisable dict."""
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def digest(self) -> str:
+        """A stable hash of the options (same across processes and Python versions)."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_pairs(cls, pairs: typing.Iterable[str], base: Options | None = None) -> Options:
+        """Build options from ``KEY=VALUE`` strings (the CLI's ``--opt``).
+
+        Values are parsed by the field's type: booleans accept true/false/1/0/yes/no, tuples take
+        comma-separated items, ``none`` clears an optional field.
+        """
+        base = base or cls()
+        hints = typing.get_type_hints(cls)
+        changes: dict[str, object] = {}
+        for pair in pairs:
+            if "=" not in pair:
+                raise OptionsError(f"--opt expects KEY=VALUE, got {pair!r}")
+            key, raw = (s.strip() for s in pair.split("=", 1))
+            key = key.replace("-", "_")
+            if key not in hints:
+                raise OptionsError(f"unknown option {key!r}; known: {field_names()}")
+            changes[key] = _parse_value(key, raw, hints[key])
+        return base.replace(**changes)
+
+
+def field_names() -> list[str]:
+    """Names of every ``Options`` field."""
+    return [f.name for f in dataclasses.fields(Options)]
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise OptionsError(f"option {name}={value!r} is not one of {list(choices)}")
+
+
+def _render(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _jsonable(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse_value(key: str, raw: str, hint: object) -> object:
+    if hint is bool:
+        low = raw.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise OptionsError(f"option {key} must be true or false, got {raw!r}")
+    if typing.get_origin(hint) is tuple:
+        return tuple(item.strip() for item in raw.split(",") if item.strip())
+    if raw.lower() == "none" and type(None) in typing.get_args(hint):
+        return None
+    return raw

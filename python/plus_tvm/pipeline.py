@@ -1,0 +1,208 @@
+"""The plus pipeline: six phases, each a function returning a list of passes.
+
+Pipeline as data, in the style of TVM's ``relax/backend/<target>/pipeline.py`` and mlc-llm's
+phases: a user can take one phase, replace it, or run a single pass in their own
+``tvm.transform.Sequential``. Each phase runs as a named ``Sequential`` (``plus.<phase>``) so
+instruments (IR dumps, timing) see phase boundaries.
+
+Phase contents today (later work replaces phases one by one, and says so here):
+
+1. dispatch  - TVM's library dispatch for the target (sampling, sort/scan)
+2. legalize  - ``LegalizeOps``, ``AnnotateTIROpPattern``, ``FoldConstant``
+3. fuse      - ``FuseOps`` + ``FuseTIR`` (TVM's fusion; on llvm ``tvm.compile``'s default
+               pipeline does not fuse at all, this one does)
+4. schedule  - GPU: dlight rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback);
+               CPU: none yet (TVM has no CPU rules for most kernels)
+5. lower     - dataflow lowering (``RewriteDataflowReshape`` ... ``CallTIRRewrite``)
+6. finalize  - memory planning, CUDA graphs on CUDA when enabled, VM lowering
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tvm
+from tvm import relax
+
+from .options import Options
+from .target import resolve_target
+
+PhaseFn = Callable[[tvm.target.Target, Options], list[tvm.transform.Pass]]
+
+
+def _is_gpu(target: tvm.target.Target) -> bool:
+    return "gpu" in target.keys
+
+
+def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
+    """Phase 1: library dispatch before legalization."""
+    del options
+    return list(relax.pipeline.library_dispatch_passes(target))
+
+
+def legalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
+    """Phase 2: lower Relax ops to TIR PrimFuncs and annotate them for fusion."""
+    del target
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+    if options.fold_constants:
+        passes.append(relax.transform.FoldConstant())
+    return passes
+
+
+def fuse_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
+    """Phase 3: group kernels and merge each group into one PrimFunc."""
+    del target
+    if options.fusion == "tvm":
+        return [relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    raise AssertionError(f"fusion={options.fusion!r} passed Options validation")  # pragma: no cover
+
+
+def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
+    """Phase 4: TensorIR schedules for the fused kernels."""
+    del options
+    from tvm.s_tir import dlight as dl
+
+    from .passes import ApplyScheduleRules
+
+    if _is_gpu(target):
+        return [
+            ApplyScheduleRules(
+                dl.gpu.Matmul(),
+                dl.gpu.GEMV(),
+                dl.gpu.Reduction(),
+                dl.gpu.GeneralReduction(),
+                dl.gpu.Fallback(),
+            )
+        ]
+    return []
+
+
+def lower_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
+    """Phase 5: leave dataflow form; reshapes become views, call_tir becomes explicit DPS."""
+    del target, options
+    return [
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(),
+        relax.transform.CallTIRRewrite(),
+    ]
+
+
+def finalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
+    """Phase 6: memory planning, CUDA graph capture (CUDA), lowering to VM builtins."""
+    from .passes import RewriteCUDAGraph
+
+    passes = [relax.transform.StaticPlanBlockMemory()]
+    if target.kind.name == "cuda":
+        passes.append(RewriteCUDAGraph(enabled=options.cuda_graph == "always"))
+    passes += [
+        relax.transform.LowerAllocTensor(),
+        relax.transform.KillAfterLastUse(),
+        relax.transform.LowerRuntimeBuiltin(),
+        relax.transform.ComputePrimValue(),
+        relax.transform.VMShapeLower(),
+        relax.transform.AttachGlobalSymbol(),
+    ]
+    return passes
+
+
+PHASES: tuple[tuple[str, PhaseFn], ...] = (
+    ("dispatch", dispatch_phase),
+    ("legalize", legalize_phase),
+    ("fuse", fuse_phase),
+    ("schedule", schedule_phase),
+    ("lower", lower_phase),
+    ("finalize", finalize_phase),
+)
+PHASE_NAMES = tuple(name for name, _ in PHASES)
+
+
+def phase_passes(
+    target: tvm.target.Target, options: Options, phases: tuple[str, ...] = PHASE_NAMES
+) -> list[tvm.transform.Pass]:
+    """The named phases as ``Sequential`` passes called ``plus.<phase>``, in pipeline order."""
+    unknown = set(phases) - set(PHASE_NAMES)
+    if unknown:
+        raise ValueError(f"unknown phase(s) {sorted(unknown)}; phases are {list(PHASE_NAMES)}")
+    return [
+        tvm.transform.Sequential(fn(target, options), name=f"plus.{name}")
+        for name, fn in PHASES
+        if name in phases
+    ]
+
+
+def pipeline(
+    target: str | dict | tvm.target.Target | None = None, options: Options | None = None
+) -> tvm.transform.Pass:
+    """The whole plus pipeline as one pass.
+
+    Parameters
+    ----------
+    target : str, dict or tvm.target.Target, optional
+        The target; when omitted it is read from ``tvm.target.Target.current()`` at run time
+        (``tvm.compile`` enters the target), falling back to the host CPU.
+    options : Options, optional
+        Pipeline settings; defaults to ``Options()``.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A module pass usable in ``tvm.compile(mod, target, relax_pipeline=...)`` or inside a
+        user's ``tvm.transform.Sequential``.
+    """
+    options = options or Options()
+    fixed = resolve_target(target) if target is not None else None
+
+    @tvm.transform.module_pass(opt_level=0, name="PlusPipeline")
+    def _plus_pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        tgt = fixed or tvm.target.Target.current(allow_none=True) or resolve_target("llvm")
+        with tgt:
+            return tvm.transform.Sequential(phase_passes(tgt, options), name="plus")(mod)
+
+    return _plus_pipeline
+
+
+def tvm_pipeline(target: str | dict | tvm.target.Target | None = None) -> tvm.transform.Pass:
+    """TVM's own default Relax pipeline for the target (the ``--pipeline tvm`` baseline)."""
+    tgt = resolve_target(target)
+    return tvm.transform.Sequential(
+        tvm_pre_lowering_passes(tgt) + tvm_post_lowering_passes(tgt), name="tvm_default"
+    )
+
+
+def _tvm_backend(target: tvm.target.Target):
+    """The module of TVM's own per-target pipeline (``tvm.relax.backend.<kind>.pipeline``).
+
+    Imported directly because ``relax.pipeline.dataflow_lower_passes`` is broken in 0.27: the
+    backend packages do not export ``dataflow_lower_passes``.
+    """
+    import importlib
+
+    kind = target.kind.name
+    family = (
+        kind if kind in ("cuda", "rocm") else ("gpu_generic" if _is_gpu(target) else "cpu_generic")
+    )
+    return importlib.import_module(f"tvm.relax.backend.{family}.pipeline")
+
+
+def tvm_pre_lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """TVM's default pipeline up to (not including) dataflow lowering, for kernel statistics."""
+    backend = _tvm_backend(target)
+    return list(backend.library_dispatch_passes(target)) + list(backend.legalize_passes(target))
+
+
+def tvm_post_lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """The rest of TVM's default pipeline: dataflow lowering and finalization."""
+    backend = _tvm_backend(target)
+    return list(backend.dataflow_lower_passes(target)) + list(backend.finalize_passes(target))
+
+
+def _register() -> None:
+    """Make ``relax.get_pipeline("plus", target=..., options=...)`` work (once per process)."""
+    from tvm.relax import pipeline as relax_pipeline
+
+    if "plus" not in relax_pipeline.PIPELINE_MAP:
+        relax_pipeline.register_pipeline("plus")(pipeline)
+
+
+_register()

@@ -1,0 +1,62 @@
+"""Readable renderings of the stats dict: a text table for terminals, HTML for notebooks."""
+
+from __future__ import annotations
+
+import html
+
+_SUMMARY_KEYS = (
+    "model",
+    "target",
+    "pipeline",
+    "ops",
+    "kernels",
+    "fusion_ratio",
+    "library_calls",
+    "compile_s",
+)
+
+
+def stats_text(stats: dict) -> str:
+    """The summary fields as aligned ``key  value`` lines."""
+    width = max(len(k) for k in _SUMMARY_KEYS)
+    lines = [f"{k:<{width}}  {_fmt(stats.get(k))}" for k in _SUMMARY_KEYS if k in stats]
+    if stats.get("patterns"):
+        pats = ", ".join(f"{k}={v}" for k, v in sorted(stats["patterns"].items()))
+        lines.append(f"{'patterns':<{width}}  {pats}")
+    return "\n".join(lines)
+
+
+def stats_html(stats: dict, max_groups: int = 50) -> str:
+    """A summary table and the fused groups (first ``max_groups``) as an HTML fragment."""
+    rows = "".join(
+        f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+        f"<td>{html.escape(_fmt(stats[k]))}</td></tr>"
+        for k in _SUMMARY_KEYS
+        if k in stats
+    )
+    parts = [f"<table>{rows}</table>"]
+    if stats.get("patterns"):
+        prow = "".join(
+            f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>"
+            for k, v in sorted(stats["patterns"].items())
+        )
+        parts.append(f"<b>warehouse patterns</b><table>{prow}</table>")
+    groups = stats.get("groups") or []
+    if groups:
+        grows = "".join(
+            f"<tr><td>{html.escape(g['name'])}</td><td>{len(g['ops'])}</td>"
+            f"<td>{html.escape(' -> '.join(g['ops']))}</td></tr>"
+            for g in groups[:max_groups]
+        )
+        more = f"<p>... {len(groups) - max_groups} more</p>" if len(groups) > max_groups else ""
+        parts.append(
+            f"<b>fused groups ({len(groups)})</b><table><tr><th>group</th><th>ops</th>"
+            f"<th>members</th></tr>{grows}</table>{more}"
+        )
+    return "<div class='plus-tvm-stats'>" + "".join(parts) + "</div>"
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)

@@ -1,0 +1,142 @@
+"""Counting what a compilation did: operators, kernels, library calls, fused groups.
+
+Definitions (DESIGN.md section 3):
+
+- ``ops``: Relax operator call sites in ``main`` right after import (the papers' #Ops).
+- ``kernels``: kernel launches per inference after compilation, i.e. ``call_tir`` (and its
+  in-place / with-grad forms) plus ``call_dps_packed`` reachable from ``main``, counted after
+  ``RewriteDataflowReshape`` so a reshape lowered to a view is not a kernel (PluS's #Layers).
+- ``fusion_ratio``: ops / kernels.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import tvm
+from tvm import relax
+
+_KERNEL_OPS = frozenset(
+    {
+        "relax.call_tir",
+        "relax.call_tir_inplace",
+        "relax.call_tir_with_grad",
+        "relax.call_dps_packed",
+    }
+)
+_LIBRARY_OPS = frozenset({"relax.call_dps_packed"})
+
+
+def _op_name(call: relax.Call) -> str | None:
+    return call.op.name if isinstance(call.op, tvm.ir.Op) else None
+
+
+def _calls(func: relax.Function) -> list[relax.Call]:
+    found: list[relax.Call] = []
+    relax.analysis.post_order_visit(
+        func.body, lambda e: found.append(e) if isinstance(e, relax.Call) else None
+    )
+    return found
+
+
+def count_ops(mod: tvm.IRModule, func: str = "main") -> int:
+    """Relax operator call sites in ``func`` (every ``Call`` whose callee is a Relax ``Op``)."""
+    return sum(1 for call in _calls(mod[func]) if _op_name(call) is not None)
+
+
+def op_histogram(mod: tvm.IRModule, func: str = "main") -> dict[str, int]:
+    """Operator name -> number of call sites in ``func``."""
+    names = (_op_name(c) for c in _calls(mod[func]))
+    return dict(Counter(n for n in names if n is not None).most_common())
+
+
+def _callee_name(call: relax.Call) -> str:
+    target = call.args[0]
+    if isinstance(target, tvm.ir.GlobalVar):
+        return target.name_hint
+    if isinstance(target, relax.ExternFunc):
+        return str(target.global_symbol)
+    return type(target).__name__
+
+
+def kernel_calls(mod: tvm.IRModule, func: str = "main") -> list[tuple[str, str]]:
+    """(kernel op, callee name) for each kernel launch reachable from ``func``, in program order.
+
+    Calls to other Relax functions of the module (for instance outlined CUDA-graph regions or
+    functions FuseTIR left unfused) are followed, so their kernels count too.
+    """
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        for call in _calls(mod[name]):
+            op = _op_name(call)
+            if op in _KERNEL_OPS:
+                out.append((op, _callee_name(call)))
+            elif isinstance(call.op, tvm.ir.GlobalVar) and isinstance(mod[call.op], relax.Function):
+                visit(call.op.name_hint)
+
+    visit(func)
+    return out
+
+
+def kernel_stats(mod: tvm.IRModule, func: str = "main") -> dict[str, object]:
+    """Kernel counts of a module that is fused but not yet lowered out of dataflow form."""
+    mod = relax.transform.RewriteDataflowReshape()(mod)
+    calls = kernel_calls(mod, func)
+    library = [callee for op, callee in calls if op in _LIBRARY_OPS]
+    return {
+        "kernels": len(calls),
+        "library_calls": len(library),
+        "kernel_names": dict(Counter(_base_name(callee) for _, callee in calls).most_common()),
+    }
+
+
+_NUMBER_SUFFIX = re.compile(r"\d+$")
+
+
+def _base_name(name: str) -> str:
+    """``add3`` -> ``add``: legalization numbers repeated PrimFunc names."""
+    stripped = _NUMBER_SUFFIX.sub("", name)
+    return stripped.rstrip("_") or name
+
+
+def fused_groups(mod: tvm.IRModule) -> list[dict[str, object]]:
+    """The groups a fusion pass outlined: every ``Primitive`` Relax function and its members.
+
+    Run on the module right after the fusion pass and before ``FuseTIR`` merges each group
+    into a single PrimFunc.
+    """
+    groups = []
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or func.attrs is None:
+            continue
+        if not int(func.attrs.get("Primitive", 0)):
+            continue
+        members = [_base_name(_callee_name(c)) for c in _calls(func) if _op_name(c) in _KERNEL_OPS]
+        groups.append({"name": gvar.name_hint, "ops": members})
+    groups.sort(key=lambda g: g["name"])
+    return groups
+
+
+@tvm.instrument.pass_instrument
+class FusionRecorder:
+    """Pass instrument that records the fused groups right after a fusion pass runs.
+
+    Parameters
+    ----------
+    fusion_passes : tuple of str
+        Names of the passes after which groups are read (``FuseOps`` and plus_tvm's own).
+    """
+
+    def __init__(self, fusion_passes: tuple[str, ...] = ("FuseOps", "DPFuseOps")) -> None:
+        self.fusion_passes = fusion_passes
+        self.groups: list[dict[str, object]] = []
+
+    def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+        if info.name in self.fusion_passes:
+            self.groups = fused_groups(mod)
