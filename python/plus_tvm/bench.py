@@ -10,6 +10,7 @@ few times and reported, not waited on. Every backend's output is compared with t
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import sys
@@ -209,6 +210,8 @@ class Bench:
         from . import zoo
 
         self.log("[bench] exporting to ONNX for onnxruntime")
+        # onnxscript's constant folder logs a warning for every fold it skips; not our concern.
+        logging.getLogger("onnxscript").setLevel(logging.ERROR)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "model.onnx")
             entry = loaded.extra.get("zoo_entry")
@@ -278,7 +281,7 @@ class Bench:
         result = {}
         for b in backends:
             entry: dict[str, object] = {
-                "median_ms": round(statistics.median(b.times_ms), 4) if b.times_ms else None,
+                "median_ms": round(statistics.median(b.times_ms), 6) if b.times_ms else None,
                 "runs": len(b.times_ms),
                 "max_abs_err": None,
                 "status": b.status,
@@ -304,7 +307,7 @@ class Bench:
             if name == "plus":
                 continue
             if plus_ms and entry["median_ms"]:
-                speedup[name] = round(entry["median_ms"] / plus_ms, 4)
+                speedup[name] = float(f"{entry['median_ms'] / plus_ms:.4g}")
             else:
                 speedup[name] = entry["status"] if entry["status"] != "ok" else None
         return {

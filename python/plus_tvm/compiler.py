@@ -23,6 +23,7 @@ from .loader import LoadedModel, load_model
 from .options import Options
 from .pipeline import (
     PHASE_NAMES,
+    dump_phase,
     phase_passes,
     tvm_post_lowering_passes,
     tvm_pre_lowering_passes,
@@ -62,16 +63,18 @@ def input_specs(mod: tvm.IRModule) -> list[InputSpec]:
 
 # --------------------------------------------------------------------------------------- stats
 def _pre_lowering(
-    loaded: LoadedModel, target: tvm.target.Target, options: Options, pipeline: str
+    loaded: LoadedModel,
+    target: tvm.target.Target,
+    options: Options,
+    pipeline: str,
+    dumper: _PhaseDumper | None = None,
 ) -> tuple[tvm.IRModule, dict[str, object]]:
     """Run phases 1-4 (or TVM's equivalent) and collect the statistics."""
     if pipeline not in PIPELINES:
         raise PlusError(f"unknown pipeline {pipeline!r}; choose one of {list(PIPELINES)}")
     start = time.perf_counter()
     recorder = FusionRecorder()
-    instruments = [recorder]
-    if options.dump_ir:
-        instruments.append(_PhaseDumper(options.dump_ir))
+    instruments = [recorder] + ([dumper] if dumper is not None else [])
     passes = (
         phase_passes(target, options, _PRE_LOWERING)
         if pipeline == "plus"
@@ -111,19 +114,17 @@ def _context(instruments: list) -> tvm.transform.PassContext:
 
 @tvm.instrument.pass_instrument
 class _PhaseDumper:
-    """Writes the IR after each pipeline phase to ``<folder>/<n>_<phase>.py``."""
+    """Writes the IR after each pipeline phase to ``<folder>/<n>_<phase>.py``, numbered in
+    pipeline order across the two halves that :func:`compile` runs."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.count = 0
-        os.makedirs(folder, exist_ok=True)
 
     def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
         if info.name.startswith("plus.") and info.name[5:] in PHASE_NAMES:
             self.count += 1
-            path = os.path.join(self.folder, f"{self.count:02d}_{info.name[5:]}.py")
-            with open(path, "w") as f:
-                f.write(mod.script(show_meta=False))
+            dump_phase(self.folder, self.count, info.name, mod)
 
 
 def inspect(
@@ -174,18 +175,26 @@ def compile(  # noqa: A001 - the public name of the contract
     options = options or Options()
     tgt = resolve_target(target)
     loaded = load_model(model, example_args)
+    weight_names = [p.name for p in loaded.mod["main"].params[num_inputs(loaded.mod) :]]
+    missing = [n for n in weight_names if n not in loaded.params]
+    if missing:
+        more = " ..." if len(missing) > 5 else ""
+        raise ModelLoadError(
+            f"{loaded.name}: no values for weight parameter(s) {missing[:5]}{more}; "
+            "pass (IRModule, params) as the frontends return them"
+        )
     start = time.perf_counter()
-    mod, stats = _pre_lowering(loaded, tgt, options, pipeline)
+    dumper = _PhaseDumper(options.dump_ir) if options.dump_ir else None
+    mod, stats = _pre_lowering(loaded, tgt, options, pipeline, dumper)
     post = (
         phase_passes(tgt, options, _POST) if pipeline == "plus" else tvm_post_lowering_passes(tgt)
     )
-    instruments = [_PhaseDumper(options.dump_ir)] if options.dump_ir else []
-    with _context(instruments):
+    with _context([dumper] if dumper is not None else []):
         executable = tvm.compile(
             mod, tgt, relax_pipeline=tvm.transform.Sequential(post, name=f"{pipeline}.post")
         )
     stats["compile_s"] = round(time.perf_counter() - start, 3)
-    params = [loaded.params[p.name] for p in loaded.mod["main"].params[num_inputs(loaded.mod) :]]
+    params = [loaded.params[name] for name in weight_names]
     return CompiledModel(executable, tgt, params, input_specs(loaded.mod), stats, loaded)
 
 
@@ -212,8 +221,22 @@ class CompiledModel:
         self.inputs = inputs
         self.stats = stats
         self.source = source
-        self._vm = relax.VirtualMachine(executable, self.device)
-        self._params = [tvm.runtime.tensor(_as_numpy(p), self.device) for p in params]
+        self._weights = params
+        self._vm_state: tuple | None = None  # (vm, weights on the device), made on first run
+
+    def _vm(self) -> tuple:
+        """The VM and the weights on the device, created on first use: a model compiled for a
+        GPU on a machine without one can still be inspected and exported."""
+        if self._vm_state is None:
+            if not self.device.exist:
+                raise PlusError(
+                    f"cannot run a model compiled for {target_name(self.target)}: "
+                    f"no {self.device} on this machine (export_library works without one)"
+                )
+            vm = relax.VirtualMachine(self.executable, self.device)
+            weights = [tvm.runtime.tensor(_as_numpy(p), self.device) for p in self._weights]
+            self._vm_state = (vm, weights)
+        return self._vm_state
 
     # -------------------------------------------------------------------------------- running
     def __call__(self, *inputs: object) -> np.ndarray | tuple[np.ndarray, ...]:
@@ -222,11 +245,13 @@ class CompiledModel:
     def prepare(self, *inputs: object) -> list:
         """Check inputs and place them on the device (separate so benchmarks can time runs)."""
         arrays = self.check_inputs(inputs)
+        self._vm()  # fail clearly before touching a missing device
         return [tvm.runtime.tensor(a, self.device) for a in arrays]
 
     def run_prepared(self, prepared: list) -> object:
         """Run on inputs from :meth:`prepare`; returns TVM tensors (synchronised)."""
-        out = self._vm["main"](*prepared, *self._params)
+        vm, weights = self._vm()
+        out = vm["main"](*prepared, *weights)
         self.device.sync()
         return out
 
@@ -269,14 +294,14 @@ class CompiledModel:
         """
         path = os.fspath(path)
         self.executable.export_library(path)
-        params = {f"p{i}": tvm.runtime.tensor(p.numpy()) for i, p in enumerate(self._params)}
+        params = {f"p{i}": tvm.runtime.tensor(_as_numpy(p)) for i, p in enumerate(self._weights)}
         with open(path + ".params", "wb") as f:
             f.write(tvm.runtime.save_param_dict(params))
         meta = {
             "format": "plus_tvm.compiled/1",
             "target": json.loads(str(self.target)),
             "inputs": [s.to_dict() for s in self.inputs],
-            "num_params": len(self._params),
+            "num_params": len(self._weights),
             "stats": self.stats,
         }
         with open(path + ".json", "w") as f:

@@ -19,6 +19,7 @@ Phase contents today (later work replaces phases one by one, and says so here):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import tvm
@@ -157,9 +158,25 @@ def pipeline(
     def _plus_pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         tgt = fixed or tvm.target.Target.current(allow_none=True) or resolve_target("llvm")
         with tgt:
-            return tvm.transform.Sequential(phase_passes(tgt, options), name="plus")(mod)
+            phases = phase_passes(tgt, options)
+            if not options.dump_ir:
+                return tvm.transform.Sequential(phases, name="plus")(mod)
+            for number, phase in enumerate(phases, 1):
+                mod = phase(mod)
+                dump_phase(options.dump_ir, number, phase.info.name, mod)
+            return mod
 
     return _plus_pipeline
+
+
+def dump_phase(folder: str, number: int, pass_name: str, mod: tvm.IRModule) -> str:
+    """Write ``mod`` to ``<folder>/<number>_<phase>.py`` (``Options.dump_ir``); returns the path."""
+    os.makedirs(folder, exist_ok=True)
+    phase = pass_name[len("plus.") :] if pass_name.startswith("plus.") else pass_name
+    path = os.path.join(folder, f"{number:02d}_{phase}.py")
+    with open(path, "w") as f:
+        f.write(mod.script(show_meta=False))
+    return path
 
 
 def tvm_pipeline(target: str | dict | tvm.target.Target | None = None) -> tvm.transform.Pass:

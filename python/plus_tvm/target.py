@@ -63,9 +63,9 @@ def resolve_target(target: str | dict | tvm.target.Target | None) -> tvm.target.
             )
     if isinstance(target, dict):
         spec = dict(target)
-        if spec.get("kind") == "cuda" and "host" not in spec:
-            return tvm.target.Target(spec, host=host_target())
         try:
+            if spec.get("kind") == "cuda" and "host" not in spec:
+                return tvm.target.Target(spec, host=host_target())
             return tvm.target.Target(spec)
         except Exception as err:  # TVM raises its own error types for bad dicts
             raise TargetError(f"invalid target {spec!r}: {str(err).splitlines()[-1]}") from None

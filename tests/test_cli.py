@@ -1,0 +1,182 @@
+"""The plus-tvm command line: commands, JSON contract, exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from plus_tvm import cli, zoo
+
+STATS_KEYS = {
+    "model",
+    "target",
+    "pipeline",
+    "ops",
+    "kernels",
+    "fusion_ratio",
+    "library_calls",
+    "patterns",
+    "compile_s",
+}
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_zoo_list_names_every_model(capsys):
+    code, out, _ = run_cli(capsys, "zoo", "list")
+    assert code == 0
+    for name in zoo.names():
+        assert f"zoo:{name} " in out
+
+
+def test_inspect_json_follows_the_stats_contract(capsys):
+    code, out, _ = run_cli(capsys, "inspect", "zoo:bert-base-tiny", "--json")
+    assert code == 0
+    stats = json.loads(out)
+    assert STATS_KEYS <= set(stats)
+    assert stats["pipeline"] == "plus" and stats["model"] == "bert-base-tiny"
+    assert 0 < stats["kernels"] < stats["ops"]
+    assert stats["fusion_ratio"] == pytest.approx(stats["ops"] / stats["kernels"], rel=2e-3)
+    assert stats["library_calls"] == 0 and stats["patterns"] == {}
+    assert stats["groups"] and all(g["ops"] for g in stats["groups"])
+
+
+def test_inspect_tvm_pipeline_reports_tvm_fusion(capsys):
+    _, out_plus, _ = run_cli(capsys, "inspect", "zoo:bert-base-tiny", "--json")
+    code, out_tvm, _ = run_cli(
+        capsys, "inspect", "zoo:bert-base-tiny", "--json", "--pipeline", "tvm"
+    )
+    assert code == 0
+    plus, tvm_ = json.loads(out_plus), json.loads(out_tvm)
+    assert tvm_["pipeline"] == "tvm"
+    assert tvm_["ops"] == plus["ops"]
+    # Phase 3 of plus is still TVM's FuseOps: both pipelines fuse into the same kernels.
+    assert tvm_["kernels"] == plus["kernels"]
+
+
+def test_opt_sets_options_and_rejects_unavailable_values(capsys):
+    code, out, _ = run_cli(
+        capsys, "inspect", "zoo:bert-base-tiny", "--json", "--opt", "fold_constants=false"
+    )
+    assert code == 0
+    assert json.loads(out)["options"]["fold_constants"] is False
+    code, _, err = run_cli(capsys, "inspect", "zoo:bert-base-tiny", "--opt", "fusion=dp")
+    assert code == 2
+    assert "fusion=dp" in err and "Traceback" not in err
+    code, _, err = run_cli(capsys, "inspect", "zoo:bert-base-tiny", "--opt", "nonsense=1")
+    assert code == 2 and "nonsense" in err
+
+
+@pytest.mark.parametrize(
+    "model, needle",
+    [
+        ("zoo:no-such-model", "no-such-model"),
+        ("missing.onnx", "missing.onnx"),
+        ("python:no_such_module_xyz:f", "no_such_module_xyz"),
+        ("what-is-this", "what-is-this"),
+    ],
+)
+def test_bad_model_references_exit_2_naming_the_problem(capsys, model, needle):
+    code, _, err = run_cli(capsys, "inspect", model)
+    assert code == 2
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_corrupt_onnx_exits_2(tmp_path, capsys):
+    bad = tmp_path / "corrupt.onnx"
+    bad.write_bytes(os.urandom(512))
+    code, _, err = run_cli(capsys, "inspect", str(bad))
+    assert code == 2 and "corrupt.onnx" in err
+
+
+def test_bad_target_exits_2(capsys):
+    code, _, err = run_cli(capsys, "inspect", "zoo:bert-base-tiny", "--target", "tpu9000")
+    assert code == 2 and "tpu9000" in err
+
+
+def test_errors_print_no_traceback_in_a_real_process():
+    proc = subprocess.run(
+        [sys.executable, "-m", "plus_tvm.cli", "inspect", "zoo:nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "nope" in proc.stderr
+
+
+def test_compile_then_run_library_matches_direct_run(tmp_path, capsys):
+    lib = str(tmp_path / "model.so")
+    code, out, _ = run_cli(capsys, "compile", "zoo:gpt2-tiny", "-o", lib, "--json")
+    assert code == 0 and json.loads(out)["kernels"] > 0
+    assert os.path.exists(lib) and os.path.exists(lib + ".params")
+    inputs = tmp_path / "in.npz"
+    _, example = zoo.load("gpt2-tiny")
+    np.savez(inputs, input_ids=example[0].numpy())
+    code, out, _ = run_cli(
+        capsys, "run", lib, "--inputs", str(inputs), "--json", "--output", str(tmp_path / "out.npz")
+    )
+    assert code == 0
+    lib_out = np.load(tmp_path / "out.npz")["output0"]
+    code, out, _ = run_cli(capsys, "run", "zoo:gpt2-tiny", "--json")
+    assert code == 0
+    direct = json.loads(out)
+    assert direct["reference"] == "torch"
+    assert direct["max_abs_err"] < 1e-4
+    import torch
+
+    module, _ = zoo.load("gpt2-tiny")
+    with torch.no_grad():
+        ref = module(*example).numpy()
+    np.testing.assert_allclose(lib_out, ref, atol=1e-4, rtol=0)
+
+
+def test_run_rejects_inputs_of_the_wrong_shape(tmp_path, capsys):
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, input_ids=np.zeros((1, 3), dtype="int64"))
+    code, _, err = run_cli(capsys, "run", "zoo:bert-base-tiny", "--inputs", str(inputs))
+    assert code == 2
+    assert "input_ids" in err and "shape" in err
+
+
+def test_bench_writes_json_and_plot(tmp_path, capsys):
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    code, out, _ = run_cli(
+        capsys,
+        "bench",
+        "zoo:bert-base-tiny",
+        "--compare",
+        "plus,tvm,torch,onnxruntime",
+        "--runs",
+        "3",
+        "--warmup",
+        "1",
+        "--json",
+        str(out_json),
+        "--plot",
+        str(out_png),
+        "--no-progress",
+    )
+    assert code == 0
+    result = json.loads(out_json.read_text())
+    assert set(result["backends"]) == {"plus", "tvm", "torch", "onnxruntime"}
+    for name, entry in result["backends"].items():
+        assert entry["status"] == "ok", (name, entry)
+        assert entry["runs"] == 3 and entry["median_ms"] > 0
+        assert entry["max_abs_err"] < 1e-4, name
+    plus_ms = result["backends"]["plus"]["median_ms"]
+    for peer in ("tvm", "torch", "onnxruntime"):
+        expect = result["backends"][peer]["median_ms"] / plus_ms
+        assert result["speedup"][peer] == pytest.approx(expect, rel=2e-3)
+    assert result["stats"]["kernels"] == result["backends"]["plus"]["kernels"]
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "onnxruntime" in out and "plus speedup" in out

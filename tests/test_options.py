@@ -1,0 +1,169 @@
+"""plus_tvm.Options: defaults, immutability, stable digest, --opt parsing, validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+from plus_tvm import Options, OptionsError
+from plus_tvm.options import field_names
+
+
+def test_defaults():
+    opts = Options()
+    assert opts.fusion == "tvm"
+    assert opts.dispatch is False
+    assert opts.warehouse == ()
+    assert opts.gir is False
+    assert opts.cuda_graph == "off"
+    assert opts.fold_constants is True
+    assert opts.dump_ir is None
+    assert set(field_names()) >= {"fusion", "dispatch", "warehouse", "gir", "cuda_graph"}
+
+
+def test_frozen_and_hashable():
+    opts = Options()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.fusion = "dp"  # type: ignore[misc]
+    assert hash(opts) == hash(Options())
+    assert opts == Options()
+    assert len({Options(), Options(), Options(gir=False)}) == 1
+
+
+def test_warehouse_list_and_str_become_tuples():
+    assert Options(warehouse=["a", "b"]).warehouse == ("a", "b")
+    assert Options(warehouse="a").warehouse == ("a",)
+    hash(Options(warehouse=["a"]))  # a list left in place would make this raise TypeError
+
+
+def test_digest_is_stable_and_hex():
+    digest = Options().digest()
+    assert digest == Options().digest()
+    assert len(digest) == 16 and int(digest, 16) >= 0
+
+
+def test_digest_same_in_another_process():
+    # Different hash seed: the digest must not depend on Python's randomised hash().
+    code = "from plus_tvm.options import Options; print(Options(warehouse=('x', 'y')).digest())"
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.strip() == Options(warehouse=("x", "y")).digest()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"warehouse": ("extra",)},
+        {"fold_constants": False},
+        {"dump_ir": "/tmp/ir"},
+        {"cuda_graph": "always"},
+    ],
+)
+def test_digest_changes_with_any_field(change):
+    assert Options(**change).digest() != Options().digest()
+
+
+def test_digest_depends_on_warehouse_order():
+    assert Options(warehouse=("a", "b")).digest() != Options(warehouse=("b", "a")).digest()
+
+
+def test_to_dict_is_json_ready():
+    d = Options(warehouse=("a",)).to_dict()
+    assert d["warehouse"] == ["a"]
+    assert set(d) == set(field_names())
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("true", True),
+        ("1", True),
+        ("YES", True),
+        ("on", True),
+        ("false", False),
+        ("0", False),
+        ("No", False),
+        ("off", False),
+    ],
+)
+def test_from_pairs_bools(raw, expected):
+    assert Options.from_pairs([f"fold_constants={raw}"]).fold_constants is expected
+
+
+def test_from_pairs_tuple_none_and_strings():
+    opts = Options.from_pairs(["warehouse= a, b ,,c", "dump_ir=/tmp/x", "cuda_graph=always"])
+    assert opts.warehouse == ("a", "b", "c")
+    assert opts.dump_ir == "/tmp/x"
+    assert opts.cuda_graph == "always"
+    cleared = Options.from_pairs(["dump_ir=none"], base=opts)
+    assert cleared.dump_ir is None
+    assert cleared.warehouse == ("a", "b", "c")  # base kept
+
+
+def test_from_pairs_accepts_dashes_in_keys():
+    assert Options.from_pairs(["fold-constants=false"]).fold_constants is False
+
+
+def test_from_pairs_unknown_key_names_it():
+    with pytest.raises(OptionsError, match="bogus_knob"):
+        Options.from_pairs(["bogus_knob=1"])
+
+
+def test_from_pairs_bad_bool():
+    with pytest.raises(OptionsError, match="fold_constants.*maybe"):
+        Options.from_pairs(["fold_constants=maybe"])
+
+
+def test_from_pairs_needs_equals():
+    with pytest.raises(OptionsError, match="KEY=VALUE"):
+        Options.from_pairs(["fusion"])
+
+
+def test_bad_choice_rejected():
+    with pytest.raises(OptionsError, match="fusion"):
+        Options(fusion="greedy")
+    with pytest.raises(OptionsError, match="cuda_graph"):
+        Options.from_pairs(["cuda_graph=sometimes"])
+
+
+def test_non_bool_rejected():
+    with pytest.raises(OptionsError, match="dispatch"):
+        Options(dispatch=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("pair", "field"),
+    [
+        ("fusion=dp", "fusion"),
+        ("dispatch=true", "dispatch"),
+        ("gir=1", "gir"),
+        ("cuda_graph=auto", "cuda_graph"),
+    ],
+)
+def test_not_yet_available_values_rejected_with_reason(pair, field):
+    with pytest.raises(OptionsError, match=f"{field}=.*not in this build yet") as info:
+        Options.from_pairs([pair])
+    assert "use " in str(info.value)  # tells the user what to do instead
+
+
+def test_replace():
+    base = Options()
+    changed = base.replace(fold_constants=False, warehouse=["w"])
+    assert changed.fold_constants is False
+    assert changed.warehouse == ("w",)
+    assert base.fold_constants is True  # original untouched
+    assert changed.digest() != base.digest()
+
+
+def test_replace_validates():
+    with pytest.raises(OptionsError, match="nope"):
+        Options().replace(nope=1)
+    with pytest.raises(OptionsError, match="not in this build"):
+        Options().replace(fusion="dp")
+    with pytest.raises(OptionsError, match="gir"):
+        Options().replace(gir="yes")
