@@ -10,7 +10,6 @@ few times and reported, not waited on. Every backend's output is compared with t
 
 from __future__ import annotations
 
-import logging
 import os
 import statistics
 import sys
@@ -210,9 +209,7 @@ class Bench:
         from . import zoo
 
         self.log("[bench] exporting to ONNX for onnxruntime")
-        # onnxscript's constant folder logs a warning for every fold it skips; not our concern.
-        logging.getLogger("onnxscript").setLevel(logging.ERROR)
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, zoo.quiet_export_loggers():
             path = os.path.join(tmp, "model.onnx")
             entry = loaded.extra.get("zoo_entry")
             if entry is not None:

@@ -628,6 +628,11 @@ def _quiet_loggers(names: tuple[str, ...]) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------------- public API
+def quiet_export_loggers() -> contextlib.AbstractContextManager[None]:
+    """Silence the exporters' noisy loggers for the duration of a ``torch.onnx.export``."""
+    return _quiet_loggers(_NOISY_EXPORT_LOGGERS)
+
+
 def names() -> list[str]:
     """All zoo model names, sorted, ``-tiny`` variants included.
 
