@@ -37,6 +37,17 @@ def test_zoo_list_names_every_model(capsys):
         assert f"zoo:{name} " in out
 
 
+def test_zoo_export_writes_an_onnx_file_that_imports(tmp_path, capsys):
+    path = tmp_path / "vgg.onnx"
+    code, out, _ = run_cli(capsys, "zoo", "export", "zoo:vgg16-tiny", "-o", str(path))
+    assert code == 0 and str(path) in out
+    code, out, _ = run_cli(capsys, "run", str(path), "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["reference"] == "onnxruntime" and result["max_abs_err"] < 1e-4
+    assert result["outputs"][0]["shape"] == [1, 10]
+
+
 def test_inspect_json_follows_the_stats_contract(capsys):
     code, out, _ = run_cli(capsys, "inspect", "zoo:bert-base-tiny", "--json")
     assert code == 0

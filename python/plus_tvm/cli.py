@@ -1,7 +1,8 @@
 """The ``plus-tvm`` command line (tvmc-style).
 
-``plus-tvm compile|run|inspect|bench MODEL`` and ``plus-tvm zoo list``; MODEL is ``path.onnx``,
-``zoo:NAME`` or ``python:MODULE:ATTR`` (``run`` also takes a library written by ``compile``).
+``plus-tvm compile|run|inspect|bench MODEL`` and ``plus-tvm zoo list|export``; MODEL is
+``path.onnx``, ``zoo:NAME`` or ``python:MODULE:ATTR`` (``run`` also takes a library written by
+``compile``).
 Every command takes ``--target`` (a name or a JSON dict) and ``--opt KEY=VALUE`` for any
 ``Options`` field. Bad input ends with one clear line and exit code 2; ``--debug`` shows the
 traceback.
@@ -88,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     zsub = p.add_subparsers(dest="zoo_command", required=True)
     zl = zsub.add_parser("list", help="list zoo models")
     zl.add_argument("--json", action="store_true")
+    ze = zsub.add_parser("export", help="write a zoo model as an ONNX file")
+    ze.add_argument("name", help="zoo model name (with or without zoo:)")
+    ze.add_argument("-o", "--output", required=True, help="ONNX file to write")
+    ze.add_argument("--dynamic-batch", action="store_true", help="make the batch dim symbolic")
     return parser
 
 
@@ -267,6 +272,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_zoo(args: argparse.Namespace) -> int:
     from . import zoo
 
+    if args.zoo_command == "export":
+        entry = zoo.get(args.name)
+        path = zoo.export_onnx(entry, args.output, dynamic_batch=args.dynamic_batch)
+        print(f"wrote {path} ({entry.name}, inputs {', '.join(entry.input_names())})")
+        return 0
     entries = [zoo.get(n) for n in zoo.names()]
     if args.json:
         print(
