@@ -14,21 +14,11 @@ import pytest
 import torch
 import tvm
 from plus_tvm import InputError, ModelLoadError, PlusError
+from small_models import SmallNet
 
 # fp32 with a different summation order than torch's kernels: a few ulps on O(1) outputs.
 RTOL = 1e-4
 ATOL = 1e-5
-
-
-class SmallNet(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.norm = torch.nn.LayerNorm(16)
-        self.fc2 = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.norm(torch.nn.functional.gelu(self.fc1(x))))
 
 
 class TwoInTwoOut(torch.nn.Module):

@@ -12,17 +12,7 @@ import tvm
 from onnx import TensorProto, helper
 from plus_tvm import ModelLoadError, UnsupportedOperatorError
 from plus_tvm.frontend import num_inputs
-
-
-class SmallNet(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.norm = torch.nn.LayerNorm(16)
-        self.fc2 = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.norm(torch.nn.functional.gelu(self.fc1(x))))
+from small_models import SmallNet
 
 
 class SmallCNN(torch.nn.Module):
