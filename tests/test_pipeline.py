@@ -105,6 +105,7 @@ def test_phase_contents_follow_target_and_options():
     assert _pass_names(phases["legalize"](llvm, Options())) == [
         "LegalizeOps",
         "AnnotateTIROpPattern",
+        "AnnotateMapPattern",
         "FoldConstant",
     ]
     assert "FoldConstant" not in _pass_names(

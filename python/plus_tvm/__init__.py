@@ -19,6 +19,7 @@ from .errors import (
     UnsupportedOperatorError,
 )
 from .frontend import from_onnx, from_torch
+from .mapping import MapPattern
 from .options import Options
 from .pipeline import pipeline
 
@@ -26,6 +27,7 @@ __all__ = [
     "CompiledModel",
     "InputError",
     "InputSpec",
+    "MapPattern",
     "ModelLoadError",
     "Options",
     "OptionsError",

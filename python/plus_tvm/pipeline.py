@@ -8,7 +8,8 @@ instruments (IR dumps, timing) see phase boundaries.
 Phase contents today (later work replaces phases one by one, and says so here):
 
 1. dispatch  - TVM's library dispatch for the target (sampling, sort/scan)
-2. legalize  - ``LegalizeOps``, ``AnnotateTIROpPattern``, ``FoldConstant``
+2. legalize  - ``LegalizeOps``, ``AnnotateTIROpPattern``, ``AnnotateMapPattern`` (mapping
+               classes of paper 004 on every PrimFunc), ``FoldConstant``
 3. fuse      - ``FuseOps`` + ``FuseTIR`` (TVM's fusion; on llvm ``tvm.compile``'s default
                pipeline does not fuse at all, this one does)
 4. schedule  - GPU: dlight rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback);
@@ -44,7 +45,13 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
 def legalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     """Phase 2: lower Relax ops to TIR PrimFuncs and annotate them for fusion."""
     del target
-    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+    from .passes import AnnotateMapPattern
+
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        AnnotateMapPattern(),
+    ]
     if options.fold_constants:
         passes.append(relax.transform.FoldConstant())
     return passes
