@@ -1,0 +1,20 @@
+"""Fusion-plan search of paper 004 (section 3.3): graph, candidates, cost model, search."""
+
+from .candidates import Candidate, build_candidates, longest_paths
+from .cost import balance_cost, fused_cost, memory_cost
+from .graph import Edge, FusionGraph
+from .search import Plan, dp_plan, greedy_plan
+
+__all__ = [
+    "Candidate",
+    "Edge",
+    "FusionGraph",
+    "Plan",
+    "balance_cost",
+    "build_candidates",
+    "dp_plan",
+    "fused_cost",
+    "greedy_plan",
+    "longest_paths",
+    "memory_cost",
+]
