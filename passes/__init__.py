@@ -2,6 +2,7 @@
 
 from .annotate_map_pattern import AnnotateMapPattern
 from .apply_schedule_rules import ApplyScheduleRules
+from .dp_fuse_ops import DPFuseOps
 from .rewrite_cuda_graph import RewriteCUDAGraph
 
-__all__ = ["AnnotateMapPattern", "ApplyScheduleRules", "RewriteCUDAGraph"]
+__all__ = ["AnnotateMapPattern", "ApplyScheduleRules", "DPFuseOps", "RewriteCUDAGraph"]

@@ -3,7 +3,8 @@
 TVM's ``dlight.ApplyDefaultSchedule`` writes the scheduled functions back into the module it was
 given; this pass builds a new module instead, so the pipeline never mutates its input (checked by
 ``testing.immutable_module`` in the tests). Rules are tried in order and the first one that
-returns a schedule wins (the dlight / tinygrad rule contract); a rule returning ``None`` declines.
+returns a schedule wins (the dlight / tinygrad rule contract); a rule returning ``None`` -- or
+failing on a kernel it was not written for -- declines.
 """
 
 from __future__ import annotations
@@ -43,7 +44,12 @@ class ApplyScheduleRules:
 
     def _schedule(self, func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
         for rule in self.rules:
-            space = rule.apply(func, target, False)
+            try:
+                space = rule.apply(func, target, False)
+            except Exception:  # noqa: BLE001
+                # dlight rules assert on kernel shapes they were not written for (e.g. a
+                # matmul with a fused transpose prologue); such a rule declines, the next tries.
+                continue
             if space is None:
                 continue
             sch = space[0] if isinstance(space, (list, tuple)) else space

@@ -109,7 +109,8 @@ def test_stats_contract(small):
     assert s["fusion_ratio"] > 1  # fusion happened
     assert s["library_calls"] == 0 and s["patterns"] == {}
     assert 0 < s["compile_s"] < 60
-    assert any(g["ops"][:2] == ["matmul", "add"] for g in s["groups"])
+    # every group lists its member kernels; the bias add joins a matmul in some group
+    assert any("matmul" in g["ops"] and "add" in g["ops"] for g in s["groups"])
     assert all(isinstance(g["name"], str) and isinstance(g["ops"], list) for g in s["groups"])
     json.dumps(s)  # the CLI prints it as JSON
 

@@ -14,7 +14,9 @@ from plus_tvm.options import field_names
 
 def test_defaults():
     opts = Options()
-    assert opts.fusion == "tvm"
+    assert opts.fusion == "dp"
+    assert (opts.fusion_search, opts.fusion_rules) == ("dp", "mapping")
+    assert opts.fusion_max_group_size == 64 and opts.fusion_seed == 0
     assert opts.dispatch is False
     assert opts.warehouse == ()
     assert opts.gir is False
@@ -139,7 +141,7 @@ def test_non_bool_rejected():
 @pytest.mark.parametrize(
     ("pair", "field"),
     [
-        ("fusion=dp", "fusion"),
+        ("fusion_rules=tvm", "fusion_rules"),
         ("dispatch=true", "dispatch"),
         ("gir=1", "gir"),
         ("cuda_graph=auto", "cuda_graph"),
@@ -164,6 +166,6 @@ def test_replace_validates():
     with pytest.raises(OptionsError, match="nope"):
         Options().replace(nope=1)
     with pytest.raises(OptionsError, match="not in this build"):
-        Options().replace(fusion="dp")
+        Options().replace(fusion_rules="tvm")
     with pytest.raises(OptionsError, match="gir"):
         Options().replace(gir="yes")

@@ -111,7 +111,8 @@ def test_phase_contents_follow_target_and_options():
     assert "FoldConstant" not in _pass_names(
         phases["legalize"](llvm, Options(fold_constants=False))
     )
-    assert _pass_names(phases["fuse"](llvm, Options())) == ["FuseOps", "FuseTIR"]
+    assert _pass_names(phases["fuse"](llvm, Options())) == ["DPFuseOps", "FuseTIR"]
+    assert _pass_names(phases["fuse"](llvm, Options(fusion="tvm"))) == ["FuseOps", "FuseTIR"]
     assert phases["schedule"](llvm, Options()) == []  # no CPU rules yet
     assert _pass_names(phases["schedule"](CUDA, Options())) == ["ApplyScheduleRules"]
     assert "RewriteCUDAGraph" not in _pass_names(phases["finalize"](llvm, Options()))
@@ -151,7 +152,7 @@ def test_tvm_compile_with_plus_pipeline(how):
 
 def test_get_pipeline_passes_options():
     with pytest.raises(plus_tvm.OptionsError):
-        relax.get_pipeline("plus", options=Options(fusion="dp"))
+        relax.get_pipeline("plus", options=Options(fusion="magic"))
     p = relax.get_pipeline("plus", target="llvm", options=Options(fold_constants=False))
     assert isinstance(p, tvm.transform.Pass)
 

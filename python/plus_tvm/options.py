@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 from .errors import OptionsError
 
 FUSION_CHOICES = ("dp", "tvm")
+FUSION_SEARCH_CHOICES = ("dp", "greedy")
+FUSION_RULES_CHOICES = ("mapping", "tvm")
 CUDA_GRAPH_CHOICES = ("auto", "off", "always")
 
 # Values the public contract reserves for parts that later work delivers. Rejecting them keeps a
 # user from believing that, e.g., DP fusion ran when it did not.
 _NOT_YET_AVAILABLE: dict[tuple[str, object], str] = {
-    ("fusion", "dp"): "DP fusion search (paper 004) is not in this build yet; use fusion=tvm",
+    ("fusion_rules", "tvm"): "TVM's op-pattern rules inside the plan search are not in this "
+    "build yet; use fusion=tvm for TVM's FuseOps (its rules, greedy search)",
     (
         "dispatch",
         True,
@@ -40,7 +43,19 @@ class Options:
     Parameters
     ----------
     fusion : {"dp", "tvm"}
-        Fusion algorithm of phase 3: the mapping-type DP search of paper 004 or TVM's FuseOps.
+        Fusion algorithm of phase 3: the mapping-type plan search of paper 004 (``DPFuseOps``)
+        or TVM's ``FuseOps``.
+    fusion_search : {"dp", "greedy"}
+        With ``fusion="dp"``: algorithm 2 of paper 004, or one greedy scan (ablation).
+    fusion_rules : {"mapping", "tvm"}
+        With ``fusion="dp"``: table 1's mapping-type rules (ablation: TVM's op patterns).
+    fusion_max_group_size : int
+        Most kernels fused into one.
+    fusion_alpha, fusion_beta : float
+        Weights of the cost model (eq. 8): memory traffic (``alpha``; ``< 0`` normalises by
+        the block's total traffic) and group-size variance (``beta``).
+    fusion_seed : int
+        Seed of algorithm 2's randomised scans (results are deterministic).
     dispatch : bool
         Phase 1: identify +Graphs and dispatch them to warehouse implementations.
     warehouse : tuple of str
@@ -55,7 +70,13 @@ class Options:
         Folder to which the IR after each pipeline phase is written (debugging aid).
     """
 
-    fusion: str = "tvm"
+    fusion: str = "dp"
+    fusion_search: str = "dp"
+    fusion_rules: str = "mapping"
+    fusion_max_group_size: int = 64
+    fusion_alpha: float = -1.0
+    fusion_beta: float = 0.0
+    fusion_seed: int = 0
     dispatch: bool = False
     warehouse: tuple[str, ...] = field(default_factory=tuple)
     gir: bool = False
@@ -69,6 +90,13 @@ class Options:
             object.__setattr__(self, "warehouse", tuple(items))
         _check_choice("fusion", self.fusion, FUSION_CHOICES)
         _check_choice("cuda_graph", self.cuda_graph, CUDA_GRAPH_CHOICES)
+        _check_choice("fusion_search", self.fusion_search, FUSION_SEARCH_CHOICES)
+        _check_choice("fusion_rules", self.fusion_rules, FUSION_RULES_CHOICES)
+        if not isinstance(self.fusion_max_group_size, int) or self.fusion_max_group_size < 1:
+            raise OptionsError(
+                f"option fusion_max_group_size must be a positive integer, "
+                f"got {self.fusion_max_group_size!r}"
+            )
         for name in ("dispatch", "gir", "fold_constants"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(
@@ -150,4 +178,9 @@ def _parse_value(key: str, raw: str, hint: object) -> object:
         return tuple(item.strip() for item in raw.split(",") if item.strip())
     if raw.lower() == "none" and type(None) in typing.get_args(hint):
         return None
+    if hint in (int, float):
+        try:
+            return hint(raw)
+        except ValueError:
+            raise OptionsError(f"option {key} must be a number, got {raw!r}") from None
     return raw

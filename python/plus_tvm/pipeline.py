@@ -10,8 +10,8 @@ Phase contents today (later work replaces phases one by one, and says so here):
 1. dispatch  - TVM's library dispatch for the target (sampling, sort/scan)
 2. legalize  - ``LegalizeOps``, ``AnnotateTIROpPattern``, ``AnnotateMapPattern`` (mapping
                classes of paper 004 on every PrimFunc), ``FoldConstant``
-3. fuse      - ``FuseOps`` + ``FuseTIR`` (TVM's fusion; on llvm ``tvm.compile``'s default
-               pipeline does not fuse at all, this one does)
+3. fuse      - ``DPFuseOps`` (mapping-type rules + plan search of paper 004) + ``FuseTIR``;
+               ``fusion=tvm``: TVM's ``FuseOps`` + ``FuseTIR``
 4. schedule  - GPU: dlight rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback);
                CPU: none yet (TVM has no CPU rules for most kernels)
 5. lower     - dataflow lowering (``RewriteDataflowReshape`` ... ``CallTIRRewrite``)
@@ -62,7 +62,18 @@ def fuse_phase(target: tvm.target.Target, options: Options) -> list[tvm.transfor
     del target
     if options.fusion == "tvm":
         return [relax.transform.FuseOps(), relax.transform.FuseTIR()]
-    raise AssertionError(f"fusion={options.fusion!r} passed Options validation")  # pragma: no cover
+    from .passes import DPFuseOps
+
+    return [
+        DPFuseOps(
+            search=options.fusion_search,
+            max_group_size=options.fusion_max_group_size,
+            alpha=None if options.fusion_alpha < 0 else options.fusion_alpha,
+            beta=options.fusion_beta,
+            seed=options.fusion_seed,
+        ),
+        relax.transform.FuseTIR(),
+    ]
 
 
 def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:

@@ -1,0 +1,341 @@
+"""DPFuseOps: mapping-type fusion with plan search (paper 004), a replacement for FuseOps.
+
+For every dataflow block of every Relax function the pass builds the fusion graph (each binding a
+node; ``call_tir`` of a PrimFunc with a ``map_pattern`` takes that class, anything else is
+NotFuse; edges weighted by the bytes of the tensor they carry, marked when the consumer streams
+that input contiguously), searches a plan (``dp``: algorithm 2; ``greedy``: the ablation), and
+outlines every group of two or more kernels as a private Relax function with ``"Primitive":
+True``, the form ``FuseTIR`` merges into one PrimFunc. Groups are convex and acyclic by
+construction; a group whose intermediate values are used outside it returns them all (a
+multi-output kernel). Run it after ``LegalizeOps`` + ``AnnotateMapPattern``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import tvm
+from plus_tvm.fusion import Edge, FusionGraph, Plan, build_candidates, dp_plan, greedy_plan
+from plus_tvm.mapping import MapPattern, needs_contiguous_input
+from tvm import relax, tirx
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+_NUMBER = re.compile(r"\d+$")
+
+
+@tvm.transform.module_pass(opt_level=0, name="DPFuseOps")
+class DPFuseOps:
+    """Fuse kernels by mapping-type rules and fusion-plan search.
+
+    Parameters
+    ----------
+    search : {"dp", "greedy"}
+        Algorithm 2 with pruning, or a single greedy scan (the ablation's baseline).
+    max_group_size : int
+        Most kernels in one group.
+    alpha, beta : float
+        Weights of eq. 8 (memory traffic, group-size variance); ``alpha=None`` normalises the
+        memory term by the block's total traffic.
+    seed : int
+        Seed of the randomised scans of algorithm 2 (the result is deterministic).
+    max_starts : int
+        Start nodes tried by algorithm 2.
+    """
+
+    def __init__(
+        self,
+        search: str = "dp",
+        max_group_size: int = 64,
+        alpha: float | None = None,
+        beta: float = 0.0,
+        seed: int = 0,
+        max_starts: int = 32,
+    ) -> None:
+        if search not in ("dp", "greedy"):
+            raise ValueError(f"DPFuseOps: search must be 'dp' or 'greedy', got {search!r}")
+        self.search = search
+        self.max_group_size = max_group_size
+        self.alpha = alpha
+        self.beta = beta
+        self.seed = seed
+        self.max_starts = max_starts
+
+    # ------------------------------------------------------------------------------- driver
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        builder = relax.BlockBuilder(mod)
+        changed = False
+        for gvar, func in list(mod.functions_items()):
+            if not isinstance(func, relax.Function) or _is_primitive(func):
+                continue
+            new_func = _FunctionFuser(self, mod, builder).rewrite(func)
+            if new_func is not None:
+                builder.update_func(gvar, new_func)
+                changed = True
+        return builder.get() if changed else mod
+
+    def plan(self, graph: FusionGraph) -> Plan:
+        table = build_candidates(graph, self.max_group_size)
+        if self.search == "greedy":
+            return greedy_plan(graph, table, self.max_group_size, self.alpha, self.beta)
+        return dp_plan(
+            graph, table, self.max_group_size, self.alpha, self.beta, self.seed, self.max_starts
+        )
+
+
+def _is_primitive(func: relax.Function) -> bool:
+    return func.attrs is not None and bool(int(func.attrs.get("Primitive", 0)))
+
+
+def _bytes(ty: object) -> float:
+    """Size of a tensor (or tuple of tensors) in bytes; symbolic dims count as 1."""
+    if isinstance(ty, relax.TupleType):
+        return float(sum(_bytes(f) for f in ty.fields))
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return 1.0
+    total = 1
+    for dim in ty.shape.values:
+        total *= int(dim) if isinstance(dim, tirx.IntImm) else 1
+    dtype = tvm.runtime.DataType(str(ty.dtype))
+    return float(total * max(1, dtype.bits * dtype.lanes // 8))
+
+
+class _FunctionFuser:
+    def __init__(self, owner: DPFuseOps, mod: tvm.IRModule, builder: relax.BlockBuilder) -> None:
+        self.owner = owner
+        self.mod = mod
+        self.builder = builder
+
+    def rewrite(self, func: relax.Function) -> relax.Function | None:
+        body = func.body
+        if not isinstance(body, relax.SeqExpr):
+            return None
+        blocks = []
+        changed = False
+        for block in body.blocks:
+            if isinstance(block, relax.DataflowBlock):
+                new_block = self._fuse_block(block, body)
+                changed |= new_block is not block
+                blocks.append(new_block)
+            else:
+                blocks.append(block)
+        if not changed:
+            return None
+        new_body = self.builder.normalize(relax.SeqExpr(blocks, body.body))
+        new_func = relax.Function(func.params, new_body, func.ret_ty, func.is_pure, func.attrs)
+        return self.builder.normalize(new_func)
+
+    # ----------------------------------------------------------------------- graph building
+    def _kernel(self, value: relax.Expr) -> tirx.PrimFunc | None:
+        if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
+            return None
+        callee = value.args[0]
+        if not isinstance(callee, tvm.ir.GlobalVar):
+            return None
+        prim = self.mod[callee]
+        if not isinstance(prim, tirx.PrimFunc) or prim.attrs is None:
+            return None
+        if "map_pattern" not in prim.attrs:
+            return None  # unclassified kernels stay alone
+        return prim
+
+    def _graph(self, bindings: Sequence[relax.Binding]) -> FusionGraph:
+        index = {b.var: i for i, b in enumerate(bindings)}
+        patterns, edges, names = [], [], []
+        for j, binding in enumerate(bindings):
+            prim = self._kernel(binding.value) if isinstance(binding, relax.VarBinding) else None
+            if prim is None and _is_projection(binding, index, bindings, self._kernel):
+                # picking one output of a multi-output kernel moves no data
+                patterns.append(MapPattern.OneToOne)
+                names.append("get")
+            elif prim is None:
+                patterns.append(MapPattern.NotFuse)
+                names.append(binding.var.name)
+            else:
+                patterns.append(MapPattern(int(prim.attrs["map_pattern"])))
+                names.append(_NUMBER.sub("", binding.value.args[0].name_hint))
+            for var in relax.analysis.free_vars(binding.value):
+                i = index.get(var)
+                if i is None:
+                    continue
+                contiguous = False
+                if prim is not None:
+                    args = list(binding.value.args[1].fields)
+                    contiguous = any(
+                        needs_contiguous_input(prim, k)
+                        for k, a in enumerate(args)
+                        if a.same_as(var)
+                    )
+                edges.append(Edge(i, j, _bytes(bindings[i].var.ty), contiguous))
+        return FusionGraph(patterns, edges, names)
+
+    # ----------------------------------------------------------------------------- rewrite
+    def _fuse_block(self, block: relax.DataflowBlock, body: relax.SeqExpr) -> relax.DataflowBlock:
+        bindings = list(block.bindings)
+        if len(bindings) < 2:
+            return block
+        graph = self._graph(bindings)
+        plan = self.owner.plan(graph)
+        groups = plan.groups()
+        if all(len(g) == 1 for g in groups):
+            return block
+        used_after = _vars_used_after(block, body)
+        users: dict[relax.Var, set[int]] = {}
+        for j, binding in enumerate(bindings):
+            for var in relax.analysis.free_vars(binding.value):
+                users.setdefault(var, set()).add(j)
+        new_bindings: list[relax.Binding] = []
+        for group in _topological(graph, plan):
+            # A projection whose multi-output kernel is outside the group reads an input of the
+            # group: it is emitted just before the group, on its own.
+            orphans = [
+                i
+                for i in group
+                if isinstance(bindings[i].value, relax.TupleGetItem)
+                and _index_of(bindings, bindings[i].value.tuple_value) not in group
+            ]
+            new_bindings += [bindings[i] for i in orphans]
+            group = [i for i in group if i not in orphans]
+            if len(group) <= 1:
+                new_bindings += [bindings[i] for i in group]
+                continue
+            members = set(group)
+            outputs = [
+                bindings[i].var
+                for i in group
+                if bindings[i].var in used_after
+                or not isinstance(bindings[i].var, relax.DataflowVar)
+                or any(u not in members for u in users.get(bindings[i].var, ()))
+            ]
+            if any(not isinstance(v.ty, relax.TensorType) for v in outputs):
+                # a whole tuple escapes the group: nested tuple results are not outlined
+                new_bindings += [bindings[i] for i in group]
+                continue
+            new_bindings += self._outline([bindings[i] for i in group], outputs, graph, group)
+        return relax.DataflowBlock(new_bindings)
+
+    def _outline(
+        self,
+        members: list[relax.VarBinding],
+        outputs: list[relax.Var],
+        graph: FusionGraph,
+        group: list[int],
+    ) -> list[relax.Binding]:
+        defined = {b.var for b in members}
+        externals: list[relax.Expr] = []
+        for b in members:
+            for arg in _operands(b.value):
+                if isinstance(arg, (relax.Var, tvm.ir.expr.Constant)) and arg not in defined:
+                    if not any(arg.same_as(e) for e in externals):
+                        externals.append(arg)
+        params = [
+            relax.Var(e.name if isinstance(e, relax.Var) else f"c{k}", e.ty)
+            for k, e in enumerate(externals)
+        ]
+        fb = relax.BlockBuilder()
+        with fb.function("fused", params, attrs={"Primitive": True}, private=True):
+            with fb.dataflow():
+                remap: list[tuple[relax.Expr, relax.Expr]] = list(zip(externals, params))
+                for b in members:
+                    value = b.value
+                    if isinstance(value, relax.TupleGetItem):
+                        tup = _lookup(remap, value.tuple_value)
+                        new_value = relax.TupleGetItem(tup, value.index)
+                    else:
+                        args = [_lookup(remap, a) for a in value.args[1].fields]
+                        new_value = relax.Call(
+                            value.op,
+                            [value.args[0], relax.Tuple(args), *value.args[2:]],
+                            value.attrs,
+                            value.ty_args,
+                        )
+                    new_var = fb.emit(new_value, name_hint=b.var.name)
+                    remap.append((b.var, new_var))
+                outs = [_lookup(remap, v) for v in outputs]
+                ret = fb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
+            fb.emit_func_output(ret)
+        # fresh symbolic shape variables: ``main``'s may not be defined in another function too
+        fused = relax.utils.copy_with_new_vars(fb.get()["fused"])
+        name = "fused_" + "_".join(graph.names[i] for i in group)
+        gvar = self.builder.add_func(fused, name[:120])
+        call = self.builder.normalize(relax.Call(gvar, externals))
+        if len(outputs) == 1:
+            return [relax.VarBinding(outputs[0], call)]
+        tuple_var = relax.DataflowVar(f"{name[:40]}_out", call.ty)
+        out = [relax.VarBinding(tuple_var, call)]
+        for k, var in enumerate(outputs):
+            item = self.builder.normalize(relax.TupleGetItem(tuple_var, k))
+            out.append(relax.VarBinding(var, item))
+        return out
+
+
+def _operands(value: relax.Expr) -> list[relax.Expr]:
+    """The values a fusible binding reads: call_tir arguments, or a projection's tuple."""
+    if isinstance(value, relax.TupleGetItem):
+        return [value.tuple_value]
+    return list(value.args[1].fields)
+
+
+def _index_of(bindings: Sequence[relax.Binding], var: relax.Expr) -> int | None:
+    for i, b in enumerate(bindings):
+        if b.var.same_as(var):
+            return i
+    return None
+
+
+def _is_projection(binding: relax.Binding, index: dict, bindings: Sequence, kernel) -> bool:
+    """``v = t[k]`` where ``t`` is a (multi-output) kernel call bound in the same block."""
+    value = binding.value
+    if not isinstance(binding, relax.VarBinding) or not isinstance(value, relax.TupleGetItem):
+        return False
+    src = index.get(value.tuple_value)
+    return src is not None and kernel(bindings[src].value) is not None
+
+
+def _lookup(pairs: list[tuple[relax.Expr, relax.Expr]], expr: relax.Expr) -> relax.Expr:
+    for old, new in pairs:
+        if old.same_as(expr):
+            return new
+    return expr
+
+
+def _vars_used_after(block: relax.DataflowBlock, body: relax.SeqExpr) -> set[relax.Var]:
+    """Variables of ``block`` used by later blocks or by the function's result."""
+    used: set[relax.Var] = set(relax.analysis.free_vars(body.body))
+    seen = False
+    for blk in body.blocks:
+        if blk.same_as(block):
+            seen = True
+            continue
+        if seen:
+            for b in blk.bindings:
+                used |= set(relax.analysis.free_vars(b.value))
+    return used
+
+
+def _topological(graph: FusionGraph, plan: Plan) -> list[list[int]]:
+    """Groups in an order that respects every dependence (stable: by first member)."""
+    groups = plan.groups()
+    gid = {v: k for k, g in enumerate(groups) for v in g}
+    indeg = [0] * len(groups)
+    succ: list[set[int]] = [set() for _ in groups]
+    for e in graph.all_edges():
+        a, b = gid[e.src], gid[e.dst]
+        if a != b and b not in succ[a]:
+            succ[a].add(b)
+            indeg[b] += 1
+    import heapq
+
+    ready = [(groups[k][0], k) for k in range(len(groups)) if indeg[k] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        order.append(groups[k])
+        for s in succ[k]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, (groups[s][0], s))
+    if len(order) != len(groups):  # pragma: no cover - plans are acyclic by construction
+        raise RuntimeError("DPFuseOps: fusion plan has a cycle")
+    return order
