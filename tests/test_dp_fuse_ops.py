@@ -1,0 +1,208 @@
+"""DPFuseOps: fused programs equal unfused ones; groups become single kernels (paper 004)."""
+
+from __future__ import annotations
+
+import numpy as np
+import plus_tvm
+import tvm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from plus_tvm.passes import AnnotateMapPattern, DPFuseOps
+from plus_tvm.stats import kernel_stats
+from plus_tvm.target import host_target
+from tvm import relax, tirx
+
+TARGET = host_target()
+
+
+def _legalized(mod: tvm.IRModule) -> tvm.IRModule:
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            AnnotateMapPattern(),
+        ]
+    )
+    with TARGET:
+        return seq(mod)
+
+
+def _build(inputs, body):
+    """A Relax module ``main(*inputs)`` whose dataflow block is emitted by ``body(bb, vars)``."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in inputs]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = body(bb, params)
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def _run(mod: tvm.IRModule, args: list[np.ndarray], pipeline) -> list[np.ndarray]:
+    ex = tvm.compile(mod, TARGET, relax_pipeline=pipeline)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in args])
+    if isinstance(out, tvm.runtime.Tensor):
+        return [out.numpy()]
+    return [o.numpy() for o in out]
+
+
+def _kernels(mod: tvm.IRModule) -> list[str]:
+    return sorted(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc))
+
+
+def _fused(mod: tvm.IRModule, **kw) -> tvm.IRModule:
+    with TARGET:
+        return relax.transform.FuseTIR()(DPFuseOps(**kw)(_legalized(mod)))
+
+
+# ------------------------------------------------------------------------- the paper's case
+def _matmul_reshape_transpose_add(bb, p):
+    x, w, y = p
+    a = bb.emit(relax.op.matmul(x, w))
+    b = bb.emit(relax.op.reshape(a, (4, 4, 4)))
+    c = bb.emit(relax.op.permute_dims(b, [0, 2, 1]))
+    return bb.emit(relax.op.add(c, y))
+
+
+MRTA = _build([("x", (4, 8)), ("w", (8, 16)), ("y", (4, 4, 4))], _matmul_reshape_transpose_add)
+
+
+def test_matmul_reshape_transpose_add_is_one_kernel():
+    assert _kernels(_fused(MRTA)) == ["fused_matmul_reshape_transpose_add"]
+    with TARGET:  # TVM's FuseOps stops at the reshape after the matmul
+        tvm_fused = relax.transform.FuseTIR()(relax.transform.FuseOps()(_legalized(MRTA)))
+    assert len(_kernels(tvm_fused)) == 2
+
+
+def test_fused_program_matches_the_unfused_one():
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype("float32") for s in [(4, 8), (8, 16), (4, 4, 4)]]
+    (ref,) = _run(MRTA, args, "default")  # tvm.compile's default on llvm: no fusion
+    (out,) = _run(MRTA, args, plus_tvm.pipeline(TARGET))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_multi_output_group_returns_every_escaping_value():
+    def body(bb, p):
+        x, y = p
+        e = bb.emit(relax.op.exp(x))
+        s = bb.emit(relax.op.add(e, y))
+        r = bb.emit(relax.op.nn.relu(s))
+        return relax.Tuple([e, r])  # e escapes the group: a second output
+
+    mod = _build([("x", (4, 8)), ("y", (4, 8))], body)
+    fused = _fused(mod)
+    (kernel,) = _kernels(fused)  # one kernel with two outputs
+    assert kernel.endswith("exp_add_relu")
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((4, 8)).astype("float32") for _ in range(2)]
+    ref = _run(mod, args, "default")
+    out = _run(mod, args, plus_tvm.pipeline(TARGET))
+    for a, b in zip(out, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_two_reductions_are_never_one_kernel():
+    def body(bb, p):
+        (x,) = p
+        m = bb.emit(relax.op.matmul(x, relax.op.permute_dims(x)))
+        return bb.emit(relax.op.nn.softmax(m))
+
+    mod = _build([("x", (4, 8))], body)
+    kernels = _kernels(_fused(mod))
+    assert not any("matmul" in k and "softmax" in k for k in kernels), kernels
+
+
+def test_max_group_size_and_greedy_search_options():
+    assert len(_kernels(_fused(MRTA, max_group_size=2))) >= 2
+    assert _kernels(_fused(MRTA, search="greedy")) == ["fused_matmul_reshape_transpose_add"]
+
+
+def test_symbolic_batch():
+    n = tirx.Var("n", "int64")
+
+    def body(bb, p):
+        x, b = p
+        h = bb.emit(relax.op.add(x, b))
+        return bb.emit(relax.op.nn.gelu(h))
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 8), "float32"))
+    b = relax.Var("b", relax.TensorType((8,), "float32"))
+    with bb.function("main", [x, b]):
+        with bb.dataflow():
+            gv = bb.emit_output(body(bb, [x, b]))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    assert len(_kernels(_fused(mod))) == 1
+    rng = np.random.default_rng(2)
+    for rows in (1, 5):
+        args = [
+            rng.standard_normal((rows, 8)).astype("float32"),
+            rng.standard_normal(8).astype("float32"),
+        ]
+        (ref,) = _run(mod, args, "default")
+        (out,) = _run(mod, args, plus_tvm.pipeline(TARGET))
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------ random programs
+OPS = ["unary", "binary", "bias", "reshape_transpose", "center", "matmul", "softmax", "max"]
+
+
+@st.composite
+def programs(draw):
+    return draw(
+        st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1000)), min_size=2, max_size=9)
+    )
+
+
+def _random_module(program):
+    def body(bb, p):
+        x, y, w, bias = p
+        pool = [x, y]
+        for op, pick in program:
+            a = pool[pick % len(pool)]
+            b = pool[(pick // 7) % len(pool)]
+            if op == "unary":
+                fn = [relax.op.exp, relax.op.nn.relu, relax.op.tanh, relax.op.negative][pick % 4]
+                v = fn(a)
+            elif op == "binary":
+                v = (relax.op.add if pick % 2 else relax.op.multiply)(a, b)
+            elif op == "bias":
+                v = relax.op.add(a, bias)
+            elif op == "reshape_transpose":
+                t = bb.emit(relax.op.reshape(a, (8, 4)))
+                v = relax.op.permute_dims(t)
+            elif op == "center":
+                m = bb.emit(relax.op.mean(a, axis=[1], keepdims=True))
+                v = relax.op.subtract(a, m)
+            elif op == "matmul":
+                v = relax.op.matmul(a, w)
+            elif op == "softmax":
+                v = relax.op.nn.softmax(a, axis=1)
+            else:
+                v = relax.op.maximum(a, b)
+            pool.append(bb.emit(v))
+        # the last value, and an earlier one whose other uses escape any group
+        return relax.Tuple([pool[-1], pool[len(pool) // 2]])
+
+    return _build([("x", (4, 8)), ("y", (4, 8)), ("w", (8, 8)), ("bias", (8,))], body)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), st.sampled_from(["dp", "greedy"]), st.integers(2, 8))
+def test_random_programs_fused_equal_unfused(program, search, max_group_size):
+    mod = _random_module(program)
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal(s).astype("float32") * 0.5 for s in [(4, 8), (4, 8), (8, 8), (8,)]]
+    ref = _run(mod, args, "default")
+    opts = plus_tvm.Options(fusion_search=search, fusion_max_group_size=max_group_size)
+    out = _run(mod, args, plus_tvm.pipeline(TARGET, opts))
+    for a, b in zip(out, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    fused = _fused(mod, search=search, max_group_size=max_group_size)
+    launches = kernel_stats(fused)["kernels"]
+    assert launches <= kernel_stats(_legalized(mod))["kernels"]
