@@ -16,7 +16,18 @@ import re
 from collections.abc import Sequence
 
 import tvm
-from plus_tvm.fusion import Edge, FusionGraph, Plan, build_candidates, dp_plan, greedy_plan
+from plus_tvm.fusion import (
+    Edge,
+    FusionGraph,
+    OpPattern,
+    Plan,
+    build_candidates,
+    dp_plan,
+    explain_plan,
+    greedy_plan,
+    tvm_fusible,
+    tvm_rule,
+)
 from plus_tvm.mapping import MapPattern, needs_contiguous_input
 from tvm import relax, tirx
 
@@ -32,6 +43,8 @@ class DPFuseOps:
     ----------
     search : {"dp", "greedy"}
         Algorithm 2 with pruning, or a single greedy scan (the ablation's baseline).
+    rules : {"mapping", "tvm"}
+        Table 1 over mapping classes, or TVM's op-pattern rules (the ablation's Rule_T).
     max_group_size : int
         Most kernels in one group.
     alpha, beta : float
@@ -41,38 +54,55 @@ class DPFuseOps:
         Seed of the randomised scans of algorithm 2 (the result is deterministic).
     max_starts : int
         Start nodes tried by algorithm 2.
+    explain : bool
+        Record, for every dependence left between two kernels, which rule, limit or cost kept
+        them apart: a list of strings in the module attribute ``plus.fusion_explain``.
     """
+
+    EXPLAIN_ATTR = "plus.fusion_explain"
 
     def __init__(
         self,
         search: str = "dp",
+        rules: str = "mapping",
         max_group_size: int = 64,
         alpha: float | None = None,
         beta: float = 0.0,
         seed: int = 0,
         max_starts: int = 32,
+        explain: bool = False,
     ) -> None:
         if search not in ("dp", "greedy"):
             raise ValueError(f"DPFuseOps: search must be 'dp' or 'greedy', got {search!r}")
+        if rules not in ("mapping", "tvm"):
+            raise ValueError(f"DPFuseOps: rules must be 'mapping' or 'tvm', got {rules!r}")
         self.search = search
+        self.rules = rules
         self.max_group_size = max_group_size
         self.alpha = alpha
         self.beta = beta
         self.seed = seed
         self.max_starts = max_starts
+        self.explain = explain
 
     # ------------------------------------------------------------------------------- driver
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         builder = relax.BlockBuilder(mod)
         changed = False
+        notes: list[str] = []
         for gvar, func in list(mod.functions_items()):
             if not isinstance(func, relax.Function) or _is_primitive(func):
                 continue
-            new_func = _FunctionFuser(self, mod, builder).rewrite(func)
+            fuser = _FunctionFuser(self, mod, builder)
+            new_func = fuser.rewrite(func)
+            notes += [f"{gvar.name_hint}: {line}" for line in fuser.notes]
             if new_func is not None:
                 builder.update_func(gvar, new_func)
                 changed = True
-        return builder.get() if changed else mod
+        out = builder.get() if changed else mod
+        if self.explain:
+            out = out.with_attr(self.EXPLAIN_ATTR, notes)
+        return out
 
     def plan(self, graph: FusionGraph) -> Plan:
         table = build_candidates(graph, self.max_group_size)
@@ -105,6 +135,7 @@ class _FunctionFuser:
         self.owner = owner
         self.mod = mod
         self.builder = builder
+        self.notes: list[str] = []
 
     def rewrite(self, func: relax.Function) -> relax.Function | None:
         body = func.body
@@ -144,15 +175,19 @@ class _FunctionFuser:
         patterns, edges, names = [], [], []
         for j, binding in enumerate(bindings):
             prim = self._kernel(binding.value) if isinstance(binding, relax.VarBinding) else None
+            tvm_rules = self.owner.rules == "tvm"
             if prim is None and _is_projection(binding, index, bindings, self._kernel):
                 # picking one output of a multi-output kernel moves no data
-                patterns.append(MapPattern.OneToOne)
+                patterns.append(OpPattern.Injective if tvm_rules else MapPattern.OneToOne)
                 names.append("get")
             elif prim is None:
-                patterns.append(MapPattern.NotFuse)
+                patterns.append(OpPattern.Opaque if tvm_rules else MapPattern.NotFuse)
                 names.append(binding.var.name)
             else:
-                patterns.append(MapPattern(int(prim.attrs["map_pattern"])))
+                if tvm_rules:
+                    patterns.append(OpPattern(int(prim.attrs.get("op_pattern", 8))))
+                else:
+                    patterns.append(MapPattern(int(prim.attrs["map_pattern"])))
                 names.append(_NUMBER.sub("", binding.value.args[0].name_hint))
             for var in relax.analysis.free_vars(binding.value):
                 i = index.get(var)
@@ -167,6 +202,8 @@ class _FunctionFuser:
                         if a.same_as(var)
                     )
                 edges.append(Edge(i, j, _bytes(bindings[i].var.ty), contiguous))
+        if self.owner.rules == "tvm":
+            return FusionGraph(patterns, edges, names, rule=tvm_rule, fusible=tvm_fusible)
         return FusionGraph(patterns, edges, names)
 
     # ----------------------------------------------------------------------------- rewrite
@@ -176,6 +213,8 @@ class _FunctionFuser:
             return block
         graph = self._graph(bindings)
         plan = self.owner.plan(graph)
+        if self.owner.explain:
+            self.notes += explain_plan(graph, plan, self.owner.max_group_size)
         groups = plan.groups()
         if all(len(g) == 1 for g in groups):
             return block

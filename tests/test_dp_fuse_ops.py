@@ -115,6 +115,12 @@ def test_two_reductions_are_never_one_kernel():
     assert not any("matmul" in k and "softmax" in k for k in kernels), kernels
 
 
+def test_tvm_rules_in_the_plan_search_stop_where_fuseops_does():
+    # Rule_T of the ablation: the reshape after the matmul is not an elementwise epilogue
+    kernels = _kernels(_fused(MRTA, rules="tvm"))
+    assert len(kernels) == 2 and "matmul" in kernels, kernels
+
+
 def test_max_group_size_and_greedy_search_options():
     assert len(_kernels(_fused(MRTA, max_group_size=2))) >= 2
     assert _kernels(_fused(MRTA, search="greedy")) == ["fused_matmul_reshape_transpose_add"]
@@ -193,16 +199,44 @@ def _random_module(program):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(programs(), st.sampled_from(["dp", "greedy"]), st.integers(2, 8))
-def test_random_programs_fused_equal_unfused(program, search, max_group_size):
+@given(
+    programs(),
+    st.sampled_from(["dp", "greedy"]),
+    st.sampled_from(["mapping", "tvm"]),
+    st.integers(2, 8),
+)
+def test_random_programs_fused_equal_unfused(program, search, rules, max_group_size):
     mod = _random_module(program)
     rng = np.random.default_rng(3)
     args = [rng.standard_normal(s).astype("float32") * 0.5 for s in [(4, 8), (4, 8), (8, 8), (8,)]]
     ref = _run(mod, args, "default")
-    opts = plus_tvm.Options(fusion_search=search, fusion_max_group_size=max_group_size)
+    opts = plus_tvm.Options(
+        fusion_search=search, fusion_rules=rules, fusion_max_group_size=max_group_size
+    )
     out = _run(mod, args, plus_tvm.pipeline(TARGET, opts))
     for a, b in zip(out, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-    fused = _fused(mod, search=search, max_group_size=max_group_size)
+    fused = _fused(mod, search=search, rules=rules, max_group_size=max_group_size)
     launches = kernel_stats(fused)["kernels"]
     assert launches <= kernel_stats(_legalized(mod))["kernels"]
+
+
+# ------------------------------------------------------------------------------ explanations
+def test_explain_mode_names_the_rule_or_limit_that_kept_kernels_apart():
+    def body(bb, p):
+        (x,) = p
+        m = bb.emit(relax.op.matmul(x, relax.op.permute_dims(x)))
+        return bb.emit(relax.op.nn.softmax(m))
+
+    stats = plus_tvm.inspect(
+        _build([("x", (4, 8))], body), options=plus_tvm.Options(fusion_explain=True)
+    )
+    notes = stats["fusion_explain"]
+    assert any(
+        "matmul" in n and "softmax" in n and "ManyToMany + ManyToMany" in n for n in notes
+    ), notes
+    small = plus_tvm.inspect(
+        MRTA, options=plus_tvm.Options(fusion_explain=True, fusion_max_group_size=2)
+    )
+    assert any("size:" in n for n in small["fusion_explain"]), small["fusion_explain"]
+    assert "fusion_explain" not in plus_tvm.inspect(MRTA)  # only on request

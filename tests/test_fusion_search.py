@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from plus_tvm.fusion import (
     Edge,
     FusionGraph,
+    OpPattern,
     balance_cost,
     build_candidates,
     dp_plan,
@@ -16,6 +17,7 @@ from plus_tvm.fusion import (
     greedy_plan,
     longest_paths,
     memory_cost,
+    tvm_rule,
 )
 from plus_tvm.mapping import MapPattern
 
@@ -63,8 +65,10 @@ def test_supplement_1_condition_comes_from_the_edge():
 
 def test_branches_give_one_path_each_and_groups_stay_convex():
     # 0 -> 1 -> 3 and 0 -> 2 -> 3, with node 2 not fusible: {0, 1, 3} would not be convex
-    g = FusionGraph([M.OneToOne, M.OneToOne, M.NotFuse, M.OneToOne],
-                    [Edge(0, 1, 1), Edge(0, 2, 1), Edge(1, 3, 1), Edge(2, 3, 1)])
+    g = FusionGraph(
+        [M.OneToOne, M.OneToOne, M.NotFuse, M.OneToOne],
+        [Edge(0, 1, 1), Edge(0, 2, 1), Edge(1, 3, 1), Edge(2, 3, 1)],
+    )
     paths = {c.nodes for c in longest_paths(g, 0)}
     assert paths == {(0, 1)}  # (0, 1, 3) is rejected as not convex; 2 is NotFuse
     for plan in (greedy_plan(g), dp_plan(g)):
@@ -145,13 +149,33 @@ def test_random_graphs_give_convex_acyclic_rule_respecting_plans(g, max_group_si
 # ----------------------------------------------------------------------------- search time
 def _transformer_like(layers: int) -> FusionGraph:
     """A BERT-like layer sequence: matmul+bias, reshape/transpose, attention, norms, GELU."""
-    layer = [M.ManyToMany, M.OneToOne, M.Reorganize, M.Shuffle,  # q projection
-             M.ManyToMany, M.OneToOne, M.Reorganize, M.Shuffle,  # k projection
-             M.ManyToMany, M.OneToMany, M.ManyToMany,  # scores, mask, softmax
-             M.ManyToMany, M.Shuffle, M.Reorganize,  # context
-             M.ManyToMany, M.OneToOne, M.OneToOne, M.ManyToMany,  # out proj, residual, norm
-             M.ManyToMany, M.OneToOne, M.OneToOne,  # ffn1 + gelu
-             M.ManyToMany, M.OneToOne, M.OneToOne, M.ManyToMany]  # ffn2, residual, norm
+    layer = [
+        M.ManyToMany,
+        M.OneToOne,
+        M.Reorganize,
+        M.Shuffle,  # q projection
+        M.ManyToMany,
+        M.OneToOne,
+        M.Reorganize,
+        M.Shuffle,  # k projection
+        M.ManyToMany,
+        M.OneToMany,
+        M.ManyToMany,  # scores, mask, softmax
+        M.ManyToMany,
+        M.Shuffle,
+        M.Reorganize,  # context
+        M.ManyToMany,
+        M.OneToOne,
+        M.OneToOne,
+        M.ManyToMany,  # out proj, residual, norm
+        M.ManyToMany,
+        M.OneToOne,
+        M.OneToOne,  # ffn1 + gelu
+        M.ManyToMany,
+        M.OneToOne,
+        M.OneToOne,
+        M.ManyToMany,
+    ]  # ffn2, residual, norm
     patterns: list[MapPattern] = []
     edges: list[Edge] = []
     for _ in range(layers):
@@ -172,3 +196,20 @@ def test_search_time_on_a_model_sized_graph():
     _check_plan(g, plan, 64)
     assert len(plan.groups()) < len(g) / 2
     assert elapsed < 5.0, f"plan search took {elapsed:.1f} s"
+
+
+def test_tvm_rules_follow_fuseops_patterns():
+    P = OpPattern  # noqa: N806
+    assert tvm_rule(P.ElemWise, P.Injective).fused == P.Injective
+    assert tvm_rule(P.OutEWiseFusable, P.Broadcast).fused == P.OutEWiseFusable
+    assert tvm_rule(P.Injective, P.CommReduce).fused == P.CommReduce
+    assert not tvm_rule(P.OutEWiseFusable, P.Injective).ok  # matmul then reshape
+    assert not tvm_rule(P.CommReduce, P.ElemWise).ok
+    assert not tvm_rule(P.Opaque, P.ElemWise).ok
+    g = FusionGraph(
+        [P.OutEWiseFusable, P.Injective, P.Injective, P.ElemWise],
+        [Edge(i, i + 1, 4.0) for i in range(3)],
+        rule=tvm_rule,
+        fusible=lambda p: p not in (P.Opaque, P.Tuple),
+    )
+    assert dp_plan(g).groups() == [[0], [1, 2, 3]]

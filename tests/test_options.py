@@ -141,7 +141,6 @@ def test_non_bool_rejected():
 @pytest.mark.parametrize(
     ("pair", "field"),
     [
-        ("fusion_rules=tvm", "fusion_rules"),
         ("dispatch=true", "dispatch"),
         ("gir=1", "gir"),
         ("cuda_graph=auto", "cuda_graph"),
@@ -166,6 +165,6 @@ def test_replace_validates():
     with pytest.raises(OptionsError, match="nope"):
         Options().replace(nope=1)
     with pytest.raises(OptionsError, match="not in this build"):
-        Options().replace(fusion_rules="tvm")
+        Options().replace(cuda_graph="auto")
     with pytest.raises(OptionsError, match="gir"):
         Options().replace(gir="yes")

@@ -95,6 +95,7 @@ def _pre_lowering(
         "library_calls": kstats["library_calls"],
         "patterns": {},
         "groups": recorder.groups,
+        **({"fusion_explain": recorder.explain} if recorder.explain is not None else {}),
         "kernel_names": kstats["kernel_names"],
         "options": options.to_dict(),
         "compile_s": time.perf_counter() - start,

@@ -24,8 +24,6 @@ CUDA_GRAPH_CHOICES = ("auto", "off", "always")
 # Values the public contract reserves for parts that later work delivers. Rejecting them keeps a
 # user from believing that, e.g., DP fusion ran when it did not.
 _NOT_YET_AVAILABLE: dict[tuple[str, object], str] = {
-    ("fusion_rules", "tvm"): "TVM's op-pattern rules inside the plan search are not in this "
-    "build yet; use fusion=tvm for TVM's FuseOps (its rules, greedy search)",
     (
         "dispatch",
         True,
@@ -48,7 +46,9 @@ class Options:
     fusion_search : {"dp", "greedy"}
         With ``fusion="dp"``: algorithm 2 of paper 004, or one greedy scan (ablation).
     fusion_rules : {"mapping", "tvm"}
-        With ``fusion="dp"``: table 1's mapping-type rules (ablation: TVM's op patterns).
+        With ``fusion="dp"``: table 1's mapping-type rules, or TVM's op-pattern rules inside
+        the plan search (the ablation's Rule_T; ``fusion=tvm`` is Rule_T with greedy search,
+        TVM's own FuseOps).
     fusion_max_group_size : int
         Most kernels fused into one.
     fusion_alpha, fusion_beta : float
@@ -56,6 +56,9 @@ class Options:
         the block's total traffic) and group-size variance (``beta``).
     fusion_seed : int
         Seed of algorithm 2's randomised scans (results are deterministic).
+    fusion_explain : bool
+        Report in the stats (``fusion_explain``) why each remaining dependence between two
+        kernels was not fused: the rule, the size limit, convexity or the cost model.
     dispatch : bool
         Phase 1: identify +Graphs and dispatch them to warehouse implementations.
     warehouse : tuple of str
@@ -77,6 +80,7 @@ class Options:
     fusion_alpha: float = -1.0
     fusion_beta: float = 0.0
     fusion_seed: int = 0
+    fusion_explain: bool = False
     dispatch: bool = False
     warehouse: tuple[str, ...] = field(default_factory=tuple)
     gir: bool = False
@@ -97,7 +101,7 @@ class Options:
                 f"option fusion_max_group_size must be a positive integer, "
                 f"got {self.fusion_max_group_size!r}"
             )
-        for name in ("dispatch", "gir", "fold_constants"):
+        for name in ("dispatch", "gir", "fold_constants", "fusion_explain"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(
                     f"option {name} must be true or false, got {getattr(self, name)!r}"

@@ -67,10 +67,12 @@ def fuse_phase(target: tvm.target.Target, options: Options) -> list[tvm.transfor
     return [
         DPFuseOps(
             search=options.fusion_search,
+            rules=options.fusion_rules,
             max_group_size=options.fusion_max_group_size,
             alpha=None if options.fusion_alpha < 0 else options.fusion_alpha,
             beta=options.fusion_beta,
             seed=options.fusion_seed,
+            explain=options.fusion_explain,
         ),
         relax.transform.FuseTIR(),
     ]

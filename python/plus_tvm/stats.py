@@ -136,7 +136,10 @@ class FusionRecorder:
     def __init__(self, fusion_passes: tuple[str, ...] = ("FuseOps", "DPFuseOps")) -> None:
         self.fusion_passes = fusion_passes
         self.groups: list[dict[str, object]] = []
+        self.explain: list[str] | None = None
 
     def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
         if info.name in self.fusion_passes:
             self.groups = fused_groups(mod)
+            notes = mod.attrs.get("plus.fusion_explain") if mod.attrs is not None else None
+            self.explain = [str(n) for n in notes] if notes is not None else None

@@ -2,19 +2,25 @@
 
 from .candidates import Candidate, build_candidates, longest_paths
 from .cost import balance_cost, fused_cost, memory_cost
+from .explain import explain_plan
 from .graph import Edge, FusionGraph
 from .search import Plan, dp_plan, greedy_plan
+from .tvm_rules import OpPattern, tvm_fusible, tvm_rule
 
 __all__ = [
     "Candidate",
     "Edge",
     "FusionGraph",
+    "OpPattern",
     "Plan",
     "balance_cost",
     "build_candidates",
     "dp_plan",
+    "explain_plan",
     "fused_cost",
     "greedy_plan",
     "longest_paths",
     "memory_cost",
+    "tvm_fusible",
+    "tvm_rule",
 ]

@@ -31,7 +31,7 @@ def longest_paths(
 ) -> list[Candidate]:
     """The maximal fusible paths that start at ``start`` (``DFS`` of algorithm 1)."""
     first = graph.patterns[start]
-    if first == MapPattern.NotFuse:
+    if not graph.fusible(first):
         return [Candidate((start,), first)]
     found: list[Candidate] = []
 

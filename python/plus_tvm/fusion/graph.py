@@ -8,10 +8,16 @@ The graph is plain data so the search algorithms can be tested without building 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..mapping import FuseDecision, MapPattern, fuse_rule
+
+Rule = Callable[[int, int, bool], FuseDecision]
+
+
+def _mapping_fusible(pattern: int) -> bool:
+    return MapPattern(pattern) != MapPattern.NotFuse
 
 
 @dataclass(frozen=True)
@@ -36,14 +42,20 @@ class FusionGraph:
         Data dependences; ``src < dst`` for every edge.
     names : sequence of str, optional
         Node names for explanations.
+    rule, fusible : callable, optional
+        The fusion rule (default: table 1 over mapping classes) and which classes may fuse at
+        all; the ablation passes TVM's op-pattern rules instead.
     """
 
     patterns: list[MapPattern]
     edges: list[Edge]
     names: list[str] = field(default_factory=list)
+    rule: Rule = fuse_rule
+    fusible: Callable[[int], bool] = _mapping_fusible
 
     def __post_init__(self) -> None:
-        self.patterns = [MapPattern(p) for p in self.patterns]
+        if self.rule is fuse_rule:
+            self.patterns = [MapPattern(p) for p in self.patterns]
         n = len(self.patterns)
         if not self.names:
             self.names = [f"n{i}" for i in range(n)]
@@ -76,7 +88,7 @@ class FusionGraph:
     def judge(self, group_pattern: MapPattern, src: int, dst: int) -> FuseDecision:
         """Table 1 for extending a group of class ``group_pattern`` along edge ``src -> dst``."""
         contiguous = self.edge(src, dst).dst_needs_contiguous
-        return fuse_rule(group_pattern, self.patterns[dst], contiguous)
+        return self.rule(group_pattern, self.patterns[dst], contiguous)
 
     def is_convex(self, group: Iterable[int]) -> bool:
         """No path leaves ``group`` and comes back into it (so it can become one kernel)."""

@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..mapping import MapPattern, fuse_rule
+from ..mapping import MapPattern
 from .candidates import Candidate, build_candidates
 from .cost import fused_cost
 from .graph import FusionGraph
@@ -118,7 +118,7 @@ class _State:
                     for d in graph.succ[s]
                     if self.fused[d] == b
                 )
-                decision = fuse_rule(self.pattern[a], self.pattern[b], contiguous)
+                decision = graph.rule(self.pattern[a], self.pattern[b], contiguous)
                 if not decision.ok:
                     continue
                 merged = set(self.members[a]) | set(self.members[b])
@@ -190,7 +190,7 @@ def dp_plan(
     rng = random.Random(seed)
     best = greedy_plan(graph, table, max_group_size, alpha, beta)
     tried = 1
-    fusible = [v for v in range(n) if graph.patterns[v] != MapPattern.NotFuse]
+    fusible = [v for v in range(n) if graph.fusible(graph.patterns[v])]
     fusible.sort(key=lambda v: (-len(table[v][0]), v))
     for start in fusible[:max_starts]:
         state = _State(graph, max_group_size)
