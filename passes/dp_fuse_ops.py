@@ -117,6 +117,16 @@ def _is_primitive(func: relax.Function) -> bool:
     return func.attrs is not None and bool(int(func.attrs.get("Primitive", 0)))
 
 
+def _int64_shapes(prim: tirx.PrimFunc) -> bool:
+    for param in prim.params:
+        shape = getattr(param.ty, "shape", None)
+        if shape is None:
+            continue
+        if any(str(getattr(dim, "ty", "int64")) != "int64" for dim in shape):
+            return False
+    return True
+
+
 def _bytes(ty: object) -> float:
     """Size of a tensor (or tuple of tensors) in bytes; symbolic dims count as 1."""
     if isinstance(ty, relax.TupleType):
@@ -168,6 +178,11 @@ class _FunctionFuser:
             return None
         if "map_pattern" not in prim.attrs:
             return None  # unclassified kernels stay alone
+        if not _int64_shapes(prim):
+            # FuseTIR (0.27) cannot merge a kernel whose buffers have int32 dims with the int64
+            # shapes of Relax tensors ("Inconsistent buffers ... mapped to the same relax var");
+            # TVM's FuseOps fails on it too. Such a hand-written kernel stays alone.
+            return None
         return prim
 
     def _graph(self, bindings: Sequence[relax.Binding]) -> FusionGraph:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import plus_tvm
+import pytest
 import tvm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -240,3 +241,39 @@ def test_explain_mode_names_the_rule_or_limit_that_kept_kernels_apart():
     )
     assert any("size:" in n for n in small["fusion_explain"]), small["fusion_explain"]
     assert "fusion_explain" not in plus_tvm.inspect(MRTA)  # only on request
+
+
+# ---------------------------------------------------------------- user-written call_tir kernels
+def _scale_kernel(index_dtype: str):
+    from tvm.script import tirx as T  # noqa: N812
+
+    n, m = (T.int64(4), T.int64(8)) if index_dtype == "int64" else (4, 8)
+
+    @T.prim_func(private=True, s_tir=True)
+    def scale(a: T.Buffer((n, m), "float32"), b: T.Buffer((n, m), "float32")):
+        for i, j in T.grid(n, m):
+            with T.sblock("s"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = a[vi, vj] * T.float32(3)
+
+    return scale
+
+
+@pytest.mark.parametrize("index_dtype, kernels", [("int64", 1), ("int32", 2)])
+def test_user_written_primfunc_is_classified_and_fused(index_dtype, kernels):
+    # int32 buffer dims cannot be merged by FuseTIR (TVM's FuseOps fails on them): kept alone
+    scale = _scale_kernel(index_dtype)
+    bb = relax.BlockBuilder()
+    gv_scale = bb.add_func(scale, "scale")
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            s = bb.emit(relax.call_tir(gv_scale, (x,), relax.TensorType((4, 8), "float32")))
+            gv = bb.emit_output(relax.op.nn.relu(s))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    fused = _fused(mod)
+    assert kernel_stats(fused)["kernels"] == kernels
+    arg = np.random.default_rng(4).standard_normal((4, 8)).astype("float32")
+    (out,) = _run(mod, [arg], plus_tvm.pipeline(TARGET))
+    np.testing.assert_allclose(out, np.maximum(arg * 3, 0), rtol=1e-6)
