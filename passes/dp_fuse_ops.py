@@ -12,6 +12,7 @@ multi-output kernel). Run it after ``LegalizeOps`` + ``AnnotateMapPattern``.
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Sequence
 
@@ -187,10 +188,10 @@ class _FunctionFuser:
 
     def _graph(self, bindings: Sequence[relax.Binding]) -> FusionGraph:
         index = {b.var: i for i, b in enumerate(bindings)}
+        tvm_rules = self.owner.rules == "tvm"
         patterns, edges, names = [], [], []
         for j, binding in enumerate(bindings):
             prim = self._kernel(binding.value) if isinstance(binding, relax.VarBinding) else None
-            tvm_rules = self.owner.rules == "tvm"
             if prim is None and _is_projection(binding, index, bindings, self._kernel):
                 # picking one output of a multi-output kernel moves no data
                 patterns.append(OpPattern.Injective if tvm_rules else MapPattern.OneToOne)
@@ -217,7 +218,7 @@ class _FunctionFuser:
                         if a.same_as(var)
                     )
                 edges.append(Edge(i, j, _bytes(bindings[i].var.ty), contiguous))
-        if self.owner.rules == "tvm":
+        if tvm_rules:
             return FusionGraph(patterns, edges, names, rule=tvm_rule, fusible=tvm_fusible)
         return FusionGraph(patterns, edges, names)
 
@@ -234,10 +235,6 @@ class _FunctionFuser:
         if all(len(g) == 1 for g in groups):
             return block
         used_after = _vars_used_after(block, body)
-        users: dict[relax.Var, set[int]] = {}
-        for j, binding in enumerate(bindings):
-            for var in relax.analysis.free_vars(binding.value):
-                users.setdefault(var, set()).add(j)
         new_bindings: list[relax.Binding] = []
         for group in _topological(graph, plan):
             # A projection whose multi-output kernel is outside the group reads an input of the
@@ -246,7 +243,7 @@ class _FunctionFuser:
                 i
                 for i in group
                 if isinstance(bindings[i].value, relax.TupleGetItem)
-                and _index_of(bindings, bindings[i].value.tuple_value) not in group
+                and not any(p in group for p in graph.pred[i])
             ]
             new_bindings += [bindings[i] for i in orphans]
             group = [i for i in group if i not in orphans]
@@ -259,7 +256,7 @@ class _FunctionFuser:
                 for i in group
                 if bindings[i].var in used_after
                 or not isinstance(bindings[i].var, relax.DataflowVar)
-                or any(u not in members for u in users.get(bindings[i].var, ()))
+                or any(u not in members for u in graph.succ[i])
             ]
             if any(not isinstance(v.ty, relax.TensorType) for v in outputs):
                 # a whole tuple escapes the group: nested tuple results are not outlined
@@ -330,13 +327,6 @@ def _operands(value: relax.Expr) -> list[relax.Expr]:
     return list(value.args[1].fields)
 
 
-def _index_of(bindings: Sequence[relax.Binding], var: relax.Expr) -> int | None:
-    for i, b in enumerate(bindings):
-        if b.var.same_as(var):
-            return i
-    return None
-
-
 def _is_projection(binding: relax.Binding, index: dict, bindings: Sequence, kernel) -> bool:
     """``v = t[k]`` where ``t`` is a (multi-output) kernel call bound in the same block."""
     value = binding.value
@@ -378,8 +368,6 @@ def _topological(graph: FusionGraph, plan: Plan) -> list[list[int]]:
         if a != b and b not in succ[a]:
             succ[a].add(b)
             indeg[b] += 1
-    import heapq
-
     ready = [(groups[k][0], k) for k in range(len(groups)) if indeg[k] == 0]
     heapq.heapify(ready)
     order = []

@@ -25,7 +25,6 @@ from .loader import LoadedModel, load_model, random_inputs
 from .options import Options
 
 BACKENDS = ("plus", "tvm", "torch", "torch-compile", "onnxruntime")
-PEERS_NEED_TORCH = ("torch", "torch-compile")
 
 
 @dataclass

@@ -20,10 +20,6 @@ EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse exits 2 on usage errors already; keep its message to one line plus usage."""
-
-
 def _common(p: argparse.ArgumentParser, pipeline: bool = True) -> None:
     p.add_argument("model", help="path.onnx, zoo:NAME or python:MODULE:ATTR")
     p.add_argument("--target", default="llvm", help="llvm, cuda or a JSON target dict")
@@ -40,7 +36,9 @@ def _common(p: argparse.ArgumentParser, pipeline: bool = True) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``plus-tvm``."""
-    parser = _Parser(prog="plus-tvm", description="plus_tvm: TVM Relax with pluggable schedules")
+    parser = argparse.ArgumentParser(
+        prog="plus-tvm", description="plus_tvm: TVM Relax with pluggable schedules"
+    )
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
 

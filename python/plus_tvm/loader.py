@@ -63,9 +63,7 @@ def load_model(model: object, example_args: object = None) -> LoadedModel:
     if isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], tvm.IRModule):
         return LoadedModel("relax", model[0], dict(model[1]), example_inputs=example_args)
     if isinstance(model, tvm.IRModule):
-        if "main" not in model.get_global_vars() and not any(
-            gv.name_hint == "main" for gv in model.get_global_vars()
-        ):
+        if not any(gv.name_hint == "main" for gv in model.get_global_vars()):
             raise ModelLoadError("the IRModule has no 'main' function")
         return LoadedModel("relax", model, {}, example_inputs=example_args)
     try:
