@@ -1,0 +1,21 @@
+"""+Loop / +Graph: the loop-centric subgraph identifiers of PluS (paper 000, section 4.1)."""
+
+from .build import Access, BasicOp, PlusGraphBuilder, basic_ops, collapse, plusgraph_of
+from .loops import KEY_OPS, PlusGraph, PlusGraphSyntaxError, PlusLoop, parse_plusgraph
+from .match import full_match, partial_match
+
+__all__ = [
+    "KEY_OPS",
+    "Access",
+    "BasicOp",
+    "PlusGraph",
+    "PlusGraphBuilder",
+    "PlusGraphSyntaxError",
+    "PlusLoop",
+    "basic_ops",
+    "collapse",
+    "full_match",
+    "parse_plusgraph",
+    "partial_match",
+    "plusgraph_of",
+]

@@ -1,0 +1,100 @@
+"""Match conditions between a subgraph's +Graph and a warehouse pattern (paper 000, §4.2).
+
+*Full match*: the two forests have the same shape; each loop pair has the same parallelism;
+sizes unify (a pattern size name binds to one subgraph size everywhere it appears, an integer
+must be equal); every operation a pattern loop names is performed by the subgraph loop, and a
+pattern loop that names operations admits no other key operation (``KEY_OPS``) there. A pattern
+loop naming no operation matches any (trivial operations never take part).
+
+*Partial match* (the subgraph can still grow into the pattern), per the paper's four criteria
+applied recursively over the loop tree:
+
+1. a non-parallelizable pattern loop accepts a parallelizable or non-parallelizable loop
+   (primitive 2 may still turn it non-parallelizable);
+2. a parallelizable pattern loop needs a parallelizable loop;
+3. a pattern loop nests at least as many loops as the subgraph loop (further extension only
+   adds loops); the subgraph's nested loops align, in order, with a subsequence of the
+   pattern's;
+4. key operations must agree: the subgraph loop performs no key operation the pattern loop
+   does not name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .loops import PlusGraph, PlusLoop, Size
+
+Binding = dict[str, Size]
+
+
+def _unify(pattern: Size, actual: Size, binding: Binding) -> Binding | None:
+    if isinstance(pattern, int):
+        return binding if actual == pattern else None
+    if "*" in pattern:  # a collapsed product in the pattern: compare literally
+        return binding if str(actual).replace(" ", "") == pattern else None
+    if pattern in binding:
+        return binding if binding[pattern] == actual else None
+    return {**binding, pattern: actual}
+
+
+def _ops_ok(p: PlusLoop, s: PlusLoop, full: bool) -> bool:
+    if not p.ops:
+        return True
+    named = set(p.ops)
+    if not s.key_ops <= named:
+        return False
+    return named <= set(s.ops) if full else True
+
+
+def _loop_full(p: PlusLoop, s: PlusLoop, binding: Binding) -> Iterator[Binding]:
+    if p.parallel != s.parallel or len(p.children) != len(s.children) or not _ops_ok(p, s, True):
+        return
+    b = _unify(p.size, s.size, binding)
+    if b is None:
+        return
+    yield from _seq_full(p.children, s.children, b)
+
+
+def _seq_full(ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding) -> Iterator[Binding]:
+    if not ps:
+        yield b
+        return
+    for b1 in _loop_full(ps[0], ss[0], b):
+        yield from _seq_full(ps[1:], ss[1:], b1)
+
+
+def _loop_partial(p: PlusLoop, s: PlusLoop, binding: Binding) -> Iterator[Binding]:
+    if p.parallel and not s.parallel:
+        return
+    if len(p.children) < len(s.children) or not _ops_ok(p, s, False):
+        return
+    b = _unify(p.size, s.size, binding)
+    if b is None:
+        return
+    yield from _seq_partial(p.children, s.children, b)
+
+
+def _seq_partial(
+    ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding
+) -> Iterator[Binding]:
+    if not ss:
+        yield b
+        return
+    for i in range(len(ps) - len(ss) + 1):
+        for b1 in _loop_partial(ps[i], ss[0], b):
+            yield from _seq_partial(ps[i + 1 :], ss[1:], b1)
+
+
+def full_match(pattern: PlusGraph, graph: PlusGraph) -> Binding | None:
+    """The size binding when ``graph`` matches ``pattern`` exactly, else ``None``."""
+    if len(pattern.roots) != len(graph.roots):
+        return None
+    return next(_seq_full(pattern.roots, graph.roots, {}), None)
+
+
+def partial_match(pattern: PlusGraph, graph: PlusGraph) -> Binding | None:
+    """The size binding when ``graph`` may still grow into ``pattern`` (or matches it)."""
+    if len(pattern.roots) < len(graph.roots):
+        return None
+    return next(_seq_partial(pattern.roots, graph.roots, {}), None)
