@@ -1,6 +1,7 @@
 """The ``plus-tvm`` command line (tvmc-style).
 
-``plus-tvm compile|run|inspect|bench MODEL`` and ``plus-tvm zoo list|export``; MODEL is
+``plus-tvm compile|run|inspect|bench MODEL``, ``plus-tvm zoo list|export`` and
+``plus-tvm warehouse list|show NAME|validate [DIR ...]``; MODEL is
 ``path.onnx``, ``zoo:NAME`` or ``python:MODULE:ATTR`` (``run`` also takes a library written by
 ``compile``).
 Every command takes ``--target`` (a name or a JSON dict) and ``--opt KEY=VALUE`` for any
@@ -91,6 +92,22 @@ def build_parser() -> argparse.ArgumentParser:
     ze.add_argument("name", help="zoo model name (with or without zoo:)")
     ze.add_argument("-o", "--output", required=True, help="ONNX file to write")
     ze.add_argument("--dynamic-batch", action="store_true", help="make the batch dim symbolic")
+
+    p = sub.add_parser("warehouse", help="the pattern warehouse (PluS): +Graph entries")
+    wsub = p.add_subparsers(dest="warehouse_command", required=True)
+    wl = wsub.add_parser("list", help="list entries in priority order")
+    wl.add_argument("--json", action="store_true")
+    ws = wsub.add_parser("show", help="show one entry: fields and canonical +Graph")
+    ws.add_argument("name", help="entry name")
+    ws.add_argument("--json", action="store_true")
+    wv = wsub.add_parser(
+        "validate", help="load the shipped entries plus DIRs, report the first error"
+    )
+    wv.add_argument("dirs", nargs="*", metavar="DIR", help="more entry folders")
+    for q in (wl, ws, wv):
+        q.add_argument(
+            "--opt", action="append", default=[], metavar="KEY=VALUE", help="set an Options field"
+        )
     return parser
 
 
@@ -293,12 +310,63 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_warehouse(args: argparse.Namespace) -> int:
+    from .pattern_warehouse import load_warehouse
+
+    wh = load_warehouse((*_options(args.opt).warehouse, *getattr(args, "dirs", ())))
+    if args.warehouse_command == "validate":
+        print(f"ok: {len(wh)} entries")
+        return 0
+    if args.warehouse_command == "show":
+        entry = wh.get(args.name)
+        if args.json:
+            print(json.dumps(entry.to_dict(), indent=1))
+            return 0
+        cons = entry.constraints
+        print(f"name: {entry.name}\ndescription: {entry.description}\npath: {entry.path}")
+        print(f"priority: {entry.priority}")
+        print(f"allow_prologue: {str(entry.allow_prologue).lower()}")
+        print(f"allow_epilogue: {str(entry.allow_epilogue).lower()}")
+        dtypes = ", ".join(cons.dtypes) if cons.dtypes is not None else "any"
+        print(
+            f"constraints: dtype {dtypes}; static_sizes {str(cons.static_sizes).lower()}; "
+            f"layout {cons.layout or 'any'}"
+        )
+        print("implementations:")
+        for impl in entry.implementations:
+            when = f"  when {impl.when}" if impl.when else ""
+            print(f"  {impl.name}  target {impl.target}{when}")
+        print("graph:")
+        print("\n".join("  " + line for line in entry.graph.to_text().splitlines()))
+        return 0
+    if args.json:
+        rows = [
+            {
+                "name": e.name,
+                "priority": e.priority,
+                "allow_prologue": e.allow_prologue,
+                "allow_epilogue": e.allow_epilogue,
+                "implementations": [i.to_dict() for i in e.implementations],
+                "path": e.path,
+            }
+            for e in wh
+        ]
+        print(json.dumps(rows, indent=1))
+        return 0
+    width = max((len(e.name) for e in wh), default=0)
+    for e in wh:
+        impls = ", ".join(f"{i.name}@{i.target}" for i in e.implementations)
+        print(f"{e.name:<{width}}  {e.priority:>4}  {impls}  {e.path}")
+    return 0
+
+
 COMMANDS = {
     "compile": _cmd_compile,
     "run": _cmd_run,
     "inspect": _cmd_inspect,
     "bench": _cmd_bench,
     "zoo": _cmd_zoo,
+    "warehouse": _cmd_warehouse,
 }
 
 

@@ -62,7 +62,8 @@ class Options:
     dispatch : bool
         Phase 1: identify +Graphs and dispatch them to warehouse implementations.
     warehouse : tuple of str
-        Extra warehouse entry folders, searched after the shipped entries.
+        Extra warehouse entry folders (``NAME.toml`` files, see ``plus_tvm.pattern_warehouse``),
+        loaded after the shipped entries and the folders of ``$PLUS_TVM_WAREHOUSE``.
     gir : bool
         Phase 4: schedule memory-intensive kernels through GIR plans.
     cuda_graph : {"auto", "off", "always"}
