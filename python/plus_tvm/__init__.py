@@ -7,6 +7,7 @@ Public API (DESIGN.md section 3): :func:`from_torch`, :func:`from_onnx`, :class:
 
 from __future__ import annotations
 
+from . import runtime as runtime  # registers library kernels
 from ._version import __version__
 from .compiler import CompiledModel, InputSpec, compile, inspect, load
 from .errors import (

@@ -1,0 +1,86 @@
+"""Library kernels reached through ``R.call_dps_packed`` (the Relax paper's call_dps_library).
+
+Importing this package registers one TVM global function per kernel (the VM resolves names when
+a ``VirtualMachine`` is built, so ``import plus_tvm`` does it). Every kernel follows::
+
+    plus.<kernel>(*tensor_inputs, config: str, out)
+
+with ``config`` as ``key=value`` pairs joined by ``;`` and optional tensor inputs present only
+when their flag is set, in the order documented per kernel:
+
+============================  ===========================================================
+``plus.linear``               x, w, [bias], [residual]
+``plus.linear_layernorm``     x, w, [bias], [residual], [gamma], [beta]
+``plus.matmul``               a, b, [bias]
+``plus.attention``            q, k, v, [mask]
+``plus.layer_norm``           x, [gamma], [beta]
+``plus.rms_norm``             x, [gamma]
+``plus.softmax``              x
+``plus.conv2d``               x, w, [bias], [residual]
+============================  ===========================================================
+
+Weights are prepacked on first use and cached by identity (see :class:`PrepackCache`); a
+weight mutated in place after its first call is not re-packed: call :func:`clear_caches`.
+"""
+
+from __future__ import annotations
+
+import tvm_ffi
+
+from ._common import THREADS, ConfigSpec, LibraryKernel, PrepackCache, physical_cores
+from .attention import Attention
+from .conv2d import Conv2d
+from .layer_norm import LayerNorm
+from .linear import Linear
+from .linear_layernorm import LinearLayerNorm
+from .matmul import Matmul
+from .perf import call_overhead_us, library_gflops
+from .rms_norm import RMSNorm
+from .softmax import Softmax
+
+KERNELS: dict[str, LibraryKernel] = {
+    k.name: k
+    for k in (
+        Linear(),
+        LinearLayerNorm(),
+        Matmul(),
+        Attention(),
+        LayerNorm(),
+        RMSNorm(),
+        Softmax(),
+        Conv2d(),
+    )
+}
+
+
+def register() -> None:
+    """Register every kernel as a TVM global function (idempotent: re-registration overrides)."""
+    for name, kernel in KERNELS.items():
+        tvm_ffi.register_global_func(name, kernel, override=True)
+
+
+def clear_caches() -> None:
+    """Drop every prepacked weight (and the per-shape choices of ``plus.conv2d``).
+
+    Call it after mutating weights in place, or to free the packed copies.
+    """
+    for kernel in KERNELS.values():
+        kernel.cache.clear()
+    KERNELS["plus.conv2d"].choices.clear()
+    KERNELS["plus.attention"].causal_masks.clear()
+
+
+register()
+
+__all__ = [
+    "KERNELS",
+    "THREADS",
+    "ConfigSpec",
+    "LibraryKernel",
+    "PrepackCache",
+    "call_overhead_us",
+    "clear_caches",
+    "library_gflops",
+    "physical_cores",
+    "register",
+]

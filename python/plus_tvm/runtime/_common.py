@@ -1,0 +1,403 @@
+"""Shared machinery of the library kernels: config parsing, DLPack, threads, streams, prepacking.
+
+Every kernel is a global function with the calling convention that the dispatch pass emits::
+
+    plus.<kernel>(*tensor_inputs, config: str, out)
+
+``config`` is ``key=value`` pairs joined by ``;``; the VM appends the preallocated output last.
+Tensors arrive as ``tvm.runtime.Tensor`` and are viewed as torch tensors without a copy through
+DLPack (about 1 us each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections import namedtuple
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import tvm_ffi
+
+THREADS_ENV = "PLUS_TVM_TORCH_THREADS"
+
+# ---------------------------------------------------------------------------------------------
+# config strings
+
+
+class Field:
+    """One config key: a parser from its text to a value, and the default when absent."""
+
+    def __init__(self, parse: Callable[[str], Any], default: Any, doc: str) -> None:
+        self.parse = parse
+        self.default = default
+        self.doc = doc
+
+
+def flag(default: bool = False) -> Field:
+    """A ``0|1`` key."""
+
+    def parse(text: str) -> bool:
+        if text not in ("0", "1"):
+            raise ValueError("expected 0 or 1")
+        return text == "1"
+
+    return Field(parse, default, "0|1")
+
+
+def choice(*values: str, default: str | None = None) -> Field:
+    """A key taking one of ``values`` (the first is the default unless ``default`` is given)."""
+
+    def parse(text: str) -> str:
+        if text not in values:
+            raise ValueError(f"expected one of {'|'.join(values)}")
+        return text
+
+    return Field(parse, values[0] if default is None else default, "|".join(values))
+
+
+def real(default: float | None) -> Field:
+    """A float key (``None`` default means "not given")."""
+
+    def parse(text: str) -> float:
+        return float(text)
+
+    return Field(parse, default, "<float>")
+
+
+def integer(default: int) -> Field:
+    """An int key."""
+    return Field(int, default, "<int>")
+
+
+def ints(count: int, default: tuple[int, ...]) -> Field:
+    """A comma-separated list of ``count`` ints (one value is repeated ``count`` times)."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        values = tuple(int(v) for v in text.split(","))
+        if len(values) == 1:
+            values = values * count
+        if len(values) != count:
+            raise ValueError(f"expected {count} comma-separated ints")
+        return values
+
+    return Field(parse, default, ",".join(["<int>"] * count))
+
+
+class ConfigSpec:
+    """The keys a kernel accepts; :meth:`parse` turns a config string into a named tuple.
+
+    Parsing is cached on the string (the VM passes the same string on every call), so a call
+    costs one dictionary lookup once warm.
+    """
+
+    def __init__(self, kernel: str, **fields: Field) -> None:
+        self.kernel = kernel
+        self.fields = fields
+        self.type = namedtuple(kernel.replace(".", "_") + "_config", list(fields))
+        self.parse = functools.lru_cache(maxsize=1024)(self._parse)
+
+    def _parse(self, text: str) -> tuple:
+        values = {name: f.default for name, f in self.fields.items()}
+        for item in str(text).split(";"):
+            item = item.strip()
+            if not item:
+                continue
+            key, sep, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep:
+                raise ValueError(f"{self.kernel}: config item {item!r} is not key=value")
+            if key not in self.fields:
+                raise ValueError(
+                    f"{self.kernel}: unknown config key {key!r} in {text!r} "
+                    f"(known: {', '.join(self.fields)})"
+                )
+            field = self.fields[key]
+            try:
+                values[key] = field.parse(value)
+            except ValueError as err:
+                raise ValueError(
+                    f"{self.kernel}: bad value {value!r} for config key {key!r} "
+                    f"({err}; expected {field.doc})"
+                ) from None
+        return self.type(**values)
+
+    def describe(self) -> str:
+        """``key=<values>`` for every key, joined by ``;`` (for error messages and docs)."""
+        return ";".join(f"{k}={f.doc}" for k, f in self.fields.items())
+
+
+# ---------------------------------------------------------------------------------------------
+# threads and streams
+
+
+def physical_cores() -> int:
+    """Physical cores available to this process (TVM's default thread count).
+
+    TVM's thread pool honours ``TVM_NUM_THREADS``, then ``OMP_NUM_THREADS``, then the number of
+    physical cores; the same order is used here.
+    """
+    for env in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(env, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    cores: set[tuple[str, str]] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            proc = phys = core = None
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "processor":
+                    proc = int(value)
+                elif key == "physical id":
+                    phys = value
+                elif key == "core id":
+                    core = value
+                elif not key and proc is not None:
+                    if allowed is None or proc in allowed:
+                        cores.add((str(phys), str(core if core is not None else proc)))
+                    proc = phys = core = None
+            if proc is not None and (allowed is None or proc in allowed):
+                cores.add((str(phys), str(core if core is not None else proc)))
+    except OSError:
+        pass
+    if cores:
+        return len(cores)
+    return len(allowed) if allowed else (os.cpu_count() or 1)
+
+
+class _ThreadSetup:
+    """Sets torch's intra-op threads once, at the first kernel call on CPU."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.threads: int | None = None
+
+    def ensure(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        value = os.environ.get(THREADS_ENV, "").strip()
+        if value:
+            try:
+                threads = int(value)
+            except ValueError:
+                raise ValueError(f"{THREADS_ENV}={value!r} is not an integer") from None
+        else:
+            threads = physical_cores()
+        if threads > 0 and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        self.threads = torch.get_num_threads()
+
+
+THREADS = _ThreadSetup()
+
+
+class _Streams:
+    """torch views of TVM's current CUDA stream, created once per (device, handle).
+
+    The VM (and its CUDA-graph capture, which swaps in a capture stream through
+    ``TVMFFIEnvSetStream``) launches on the stream that ``tvm_ffi.get_raw_stream`` returns;
+    torch work must go to the same stream. The wrappers are cached so that nothing is allocated
+    while a graph is being captured.
+    """
+
+    def __init__(self) -> None:
+        self.by_handle: dict[tuple[int, int], Any] = {}
+
+    def context(self, tensor: torch.Tensor):
+        if tensor.device.type != "cuda":
+            return contextlib.nullcontext()
+        index = tensor.device.index or 0
+        handle = tvm_ffi.get_raw_stream(tvm_ffi.device("cuda", index))
+        key = (index, handle)
+        stream = self.by_handle.get(key)
+        if stream is None:
+            if handle == 0:
+                stream = torch.cuda.default_stream(index)
+            else:
+                stream = torch.cuda.ExternalStream(handle, device=tensor.device)
+            self.by_handle[key] = stream
+        return torch.cuda.stream(stream)
+
+
+STREAMS = _Streams()
+
+
+# ---------------------------------------------------------------------------------------------
+# prepacked weights
+
+
+class PrepackCache:
+    """Weights reordered once into the library's blocked layout, keyed by identity.
+
+    The key is (data pointer, shape, strides, dtype, device, variant); ``variant`` names the
+    packing (kernel, weight layout, attributes). Each entry keeps a reference to the source
+    tensor, so its memory cannot be freed and reused by another tensor while the entry lives.
+
+    Weights are packed on first use. A weight mutated in place after its first call is NOT
+    re-packed (the cache cannot see the change); call :func:`plus_tvm.runtime.clear_caches`
+    after mutating weights, or emit ``prepack=0`` for weights computed at run time (the VM
+    reuses activation storage, so a computed "weight" changes under a fixed address).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.entries: dict[tuple, tuple[torch.Tensor, Any]] = {}
+        self.packs = 0
+        self.hits = 0
+
+    @staticmethod
+    def key(tensor: torch.Tensor, variant: tuple) -> tuple:
+        """The identity of ``tensor`` for packing ``variant``."""
+        return (
+            tensor.data_ptr(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+            tensor.device,
+            variant,
+        )
+
+    def get(self, tensor: torch.Tensor, variant: tuple, pack: Callable[[torch.Tensor], Any]):
+        """The packed form of ``tensor``, packing it with ``pack`` on the first request."""
+        key = self.key(tensor, variant)
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.hits += 1
+            return entry[1]
+        packed = pack(tensor)
+        self.packs += 1
+        self.entries[key] = (tensor, packed)
+        return packed
+
+    def discard(self, tensor: torch.Tensor, variant: tuple) -> None:
+        """Drop the entry of ``tensor`` packed as ``variant``, if any."""
+        self.entries.pop(self.key(tensor, variant), None)
+
+    def clear(self) -> None:
+        """Drop every entry (and the references to the source tensors)."""
+        self.entries.clear()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+def to_torch(tensor: Any) -> torch.Tensor:
+    """A zero-copy torch view of a TVM tensor (torch tensors pass through)."""
+    if isinstance(tensor, torch.Tensor):
+        return tensor
+    return torch.from_dlpack(tensor)
+
+
+def onednn_usable(*tensors: torch.Tensor) -> bool:
+    """Whether oneDNN's prepacked fp32 path applies (CPU, float32, oneDNN built in)."""
+    return torch.backends.mkldnn.is_available() and all(
+        t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors
+    )
+
+
+def write_out(out: torch.Tensor, result: torch.Tensor) -> None:
+    """Copy ``result`` into the preallocated DPS output (no-op when it already is ``out``)."""
+    if result is out:
+        return
+    out.copy_(result)
+
+
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+
+
+def apply_activation_(x: torch.Tensor, act: str) -> torch.Tensor:
+    """Apply ``act`` to ``x`` in place and return it."""
+    if act == "none":
+        return x
+    if act == "relu":
+        return x.relu_()
+    if act == "gelu":
+        return torch.ops.aten.gelu_(x)
+    if act == "gelu_tanh":
+        return torch.ops.aten.gelu_(x, approximate="tanh")
+    if act == "silu":
+        return torch.nn.functional.silu(x, inplace=True)
+    if act == "sigmoid":
+        return x.sigmoid_()
+    if act == "tanh":
+        return x.tanh_()
+    raise ValueError(f"unknown activation {act!r}")
+
+
+# oneDNN post-op (attr, algorithm) for each activation.
+ONEDNN_UNARY = {
+    "none": ("none", ""),
+    "relu": ("relu", ""),
+    "gelu": ("gelu", "none"),
+    "gelu_tanh": ("gelu", "tanh"),
+    "silu": ("swish", ""),
+    "sigmoid": ("sigmoid", ""),
+    "tanh": ("tanh", ""),
+}
+
+
+class LibraryKernel:
+    """Base class: one ``plus.<name>`` global function backed by torch's libraries.
+
+    Subclasses set ``name`` and ``spec``, say how many tensor inputs a config implies
+    (:meth:`num_inputs`) and implement :meth:`run` on torch tensors. Calling the object with
+    the VM's arguments (``*inputs, config, out``) converts, checks and dispatches.
+    """
+
+    name: str = ""
+    spec: ConfigSpec
+
+    def __init__(self) -> None:
+        self.cache = PrepackCache(self.name)
+
+    def num_inputs(self, cfg: tuple) -> int:
+        """The number of tensor inputs the call carries for ``cfg``."""
+        raise NotImplementedError
+
+    def run(self, cfg: tuple, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+        """Compute into ``out`` from torch tensors (the body of the kernel)."""
+        raise NotImplementedError
+
+    def check(self, cfg: tuple, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+        """Raise ``ValueError`` for a config the kernel does not support (optional hook)."""
+
+    def __call__(self, *args: Any) -> None:
+        if len(args) < 2:
+            raise ValueError(f"{self.name}: expected (*inputs, config, out), got {len(args)} args")
+        *tensors, config, out = args
+        if not isinstance(config, str):
+            raise ValueError(
+                f"{self.name}: the argument before the output must be the config string, "
+                f"got {type(config).__name__}"
+            )
+        cfg = self.spec.parse(config)
+        expected = self.num_inputs(cfg)
+        if len(tensors) != expected:
+            raise ValueError(
+                f"{self.name}: config {str(config)!r} implies {expected} tensor inputs, "
+                f"got {len(tensors)}"
+            )
+        inputs = [to_torch(t) for t in tensors]
+        out_t = to_torch(out)
+        self.check(cfg, inputs, out_t)
+        if out_t.device.type == "cpu":
+            THREADS.ensure()
+            self.run(cfg, inputs, out_t)
+        else:
+            with STREAMS.context(out_t):
+                self.run(cfg, inputs, out_t)
+
+    def call(self, *inputs: torch.Tensor, config: str = "", out: torch.Tensor) -> torch.Tensor:
+        """Run the kernel on torch tensors directly (no VM); returns ``out``."""
+        self(*inputs, config, out)
+        return out

@@ -1,0 +1,83 @@
+"""``plus.attention``: ``softmax(q @ k^T * scale + mask [+ causal]) @ v``.
+
+Call: ``plus.attention(q, k, v, [mask], config, out)``. Keys: ``layout=bhsd|bshd`` (of q, k,
+v: ``[B, H, S, D]`` or ``[B, S, H, D]``), ``out_layout=bhsd|bshd``, ``scale=<float>`` (default
+``1/sqrt(D)``), ``causal=0|1`` (``-inf`` above the diagonal, aligned top-left as in torch's
+``is_causal``: query ``i`` sees keys ``0..i``), ``mask=0|1`` (an additive float mask
+broadcastable to ``[B, H, Sq, Sk]``).
+
+Runs ``torch.nn.functional.scaled_dot_product_attention``: flash attention on CPU and on CUDA
+(or memory-efficient/cuDNN attention where flash does not apply). ``bshd`` inputs are passed as
+transposed views (no copy); the result is copied into ``out`` in the requested layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.nn import functional as F  # noqa: N812
+
+from ._common import ConfigSpec, LibraryKernel, choice, flag, real
+
+ATTENTION_SPEC = ConfigSpec(
+    "plus.attention",
+    layout=choice("bhsd", "bshd"),
+    out_layout=choice("bhsd", "bshd"),
+    scale=real(None),
+    causal=flag(),
+    mask=flag(),
+)
+
+
+class Attention(LibraryKernel):
+    """``plus.attention(q, k, v, [mask], config, out)``."""
+
+    name = "plus.attention"
+    spec = ATTENTION_SPEC
+
+    def __init__(self) -> None:
+        super().__init__()
+        # additive causal masks for causal=1 together with an explicit mask (SDPA refuses
+        # is_causal with attn_mask), one per (Sq, Sk, dtype, device)
+        self.causal_masks: dict[tuple, torch.Tensor] = {}
+
+    def num_inputs(self, cfg) -> int:
+        return 3 + cfg.mask
+
+    def check(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+        for t in inputs[:3]:
+            if t.dim() != 4:
+                raise ValueError(
+                    f"{self.name}: q, k, v must be 4-D ({cfg.layout}), got shape {tuple(t.shape)}"
+                )
+
+    def causal_mask(self, sq: int, sk: int, like: torch.Tensor) -> torch.Tensor:
+        """The additive top-left causal mask ``[Sq, Sk]`` (0 on and below the diagonal)."""
+        key = (sq, sk, like.dtype, like.device)
+        mask = self.causal_masks.get(key)
+        if mask is None:
+            keep = torch.ones(sq, sk, dtype=torch.bool, device=like.device).tril()
+            mask = torch.zeros(sq, sk, dtype=like.dtype, device=like.device)
+            mask.masked_fill_(~keep, float("-inf"))
+            self.causal_masks[key] = mask
+        return mask
+
+    def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+        q, k, v = inputs[0], inputs[1], inputs[2]
+        if cfg.layout == "bshd":
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        mask = inputs[3] if cfg.mask else None
+        causal = bool(cfg.causal)
+        if mask is not None:
+            if mask.dtype != q.dtype:
+                mask = mask.to(q.dtype)
+            if causal:
+                mask = mask + self.causal_mask(q.shape[-2], k.shape[-2], q)
+                causal = False
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=cfg.scale
+        )
+        if cfg.out_layout == "bshd":
+            o = o.transpose(1, 2)
+        out.copy_(o)

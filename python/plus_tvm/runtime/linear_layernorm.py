@@ -1,0 +1,57 @@
+"""``plus.linear_layernorm``: ``LayerNorm(x @ W + bias + residual) * gamma + beta``.
+
+The PluS paper's GEMM + bias + residual + LayerNorm group (its S2/S4 patterns at the end of
+every transformer sub-layer). Call: ``plus.linear_layernorm(x, w, [bias], [residual], [gamma],
+[beta], config, out)``; keys ``w=nk|kn``, ``bias``, ``residual``, ``gamma``, ``beta`` (``0|1``),
+``eps=<float>`` (default 1e-5), ``prepack=1|0``. The normalization is over the last dim (N).
+
+CPU fp32: the GEMM with bias and the residual add fused as oneDNN's binary post-op on a
+prepacked weight, then ``F.layer_norm``; elsewhere ``addmm`` into ``out`` and ``layer_norm``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.nn import functional as F  # noqa: N812
+
+from ._common import ConfigSpec, LibraryKernel, choice, flag, onednn_usable, real, write_out
+from .linear import generic_linear, onednn_linear
+
+LINEAR_LAYERNORM_SPEC = ConfigSpec(
+    "plus.linear_layernorm",
+    w=choice("nk", "kn"),
+    bias=flag(),
+    residual=flag(),
+    gamma=flag(),
+    beta=flag(),
+    eps=real(1e-5),
+    prepack=flag(True),
+)
+
+
+class LinearLayerNorm(LibraryKernel):
+    """``plus.linear_layernorm(x, w, [bias], [residual], [gamma], [beta], config, out)``."""
+
+    name = "plus.linear_layernorm"
+    spec = LINEAR_LAYERNORM_SPEC
+
+    def num_inputs(self, cfg) -> int:
+        return 2 + cfg.bias + cfg.residual + cfg.gamma + cfg.beta
+
+    def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+        x, w = inputs[0], inputs[1]
+        rest = list(inputs[2:])
+        bias = rest.pop(0) if cfg.bias else None
+        residual = rest.pop(0) if cfg.residual else None
+        gamma = rest.pop(0) if cfg.gamma else None
+        beta = rest.pop(0) if cfg.beta else None
+        n = out.shape[-1]
+        if onednn_usable(x, w, out):
+            cache = self.cache if cfg.prepack else None
+            y = onednn_linear(cache, x, w, cfg.w, bias, residual, "none")
+        else:
+            y = torch.empty_like(out)
+            generic_linear(x, w, cfg.w, bias, residual, "none", y)
+        write_out(out, F.layer_norm(y, (n,), gamma, beta, cfg.eps))

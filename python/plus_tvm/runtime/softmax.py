@@ -1,0 +1,40 @@
+"""``plus.softmax``: ``softmax(x * scale)`` over the last axis.
+
+Call: ``plus.softmax(x, config, out)``; keys ``axis=<int>`` (only the last axis, ``-1`` or
+``ndim-1``, is supported; others are rejected), ``scale=<float>`` (default 1). Written straight
+into ``out`` with ``aten._softmax.out``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ._common import ConfigSpec, LibraryKernel, integer, real
+
+SOFTMAX_SPEC = ConfigSpec("plus.softmax", axis=integer(-1), scale=real(1.0))
+
+
+class Softmax(LibraryKernel):
+    """``plus.softmax(x, config, out)``."""
+
+    name = "plus.softmax"
+    spec = SOFTMAX_SPEC
+
+    def num_inputs(self, cfg) -> int:
+        return 1
+
+    def check(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+        ndim = inputs[0].dim()
+        if cfg.axis not in (-1, ndim - 1):
+            raise ValueError(
+                f"{self.name}: only the last axis is supported (axis=-1), got axis={cfg.axis} "
+                f"for a {ndim}-D input"
+            )
+
+    def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+        x = inputs[0]
+        if cfg.scale != 1.0:
+            x = x * cfg.scale
+        torch.ops.aten._softmax.out(x.contiguous(), -1, False, out=out)

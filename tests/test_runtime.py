@@ -1,0 +1,437 @@
+"""Library kernels (plus_tvm.runtime) called through R.call_dps_packed in a compiled Relax VM."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import plus_tvm
+import plus_tvm.runtime as rt
+import pytest
+import torch
+import tvm
+from plus_tvm.target import resolve_target
+from torch.nn import functional as F  # noqa: N812
+from tvm import relax
+
+TARGET = resolve_target("llvm")
+
+
+def compile_call(kernel: str, inputs, config: str, out_shape, dtype: str = "float32"):
+    """A compiled VM function ``main(*inputs) = plus.<kernel>(*inputs, config)``."""
+    bb = relax.BlockBuilder()
+    params = [
+        relax.Var(f"in{i}", relax.TensorType(tuple(t.shape), str(t.dtype).replace("torch.", "")))
+        for i, t in enumerate(inputs)
+    ]
+    with bb.function("main", params):
+        out = bb.emit(
+            relax.call_dps_packed(
+                f"plus.{kernel}",
+                [*params, tvm.ir.StringImm(config)],
+                out_ty=relax.TensorType(tuple(out_shape), dtype),
+            )
+        )
+        bb.emit_func_output(out)
+    exe = tvm.compile(bb.get(), target=TARGET)
+    return relax.VirtualMachine(exe, tvm.cpu())["main"]
+
+
+def run(kernel: str, inputs, config: str, out_shape, dtype: str = "float32") -> torch.Tensor:
+    fn = compile_call(kernel, inputs, config, out_shape, dtype)
+    args = [tvm.runtime.tensor(t.contiguous().numpy()) for t in inputs]
+    return torch.from_numpy(fn(*args).numpy())
+
+
+def close(got: torch.Tensor, want: torch.Tensor, rtol: float = 1e-4) -> None:
+    scale = max(1.0, float(want.abs().max()))
+    torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * scale)
+
+
+def rand(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+ACT = {
+    "none": lambda y: y,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "silu": F.silu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+}
+
+
+def test_registered_on_import():
+    assert plus_tvm.runtime is rt
+    for name in rt.KERNELS:
+        assert tvm.get_global_func(name, allow_missing=True) is not None
+    rt.register()  # idempotent
+    assert set(rt.KERNELS) == {
+        "plus.linear",
+        "plus.linear_layernorm",
+        "plus.matmul",
+        "plus.attention",
+        "plus.layer_norm",
+        "plus.rms_norm",
+        "plus.softmax",
+        "plus.conv2d",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# linear
+
+
+@pytest.mark.parametrize("act", list(ACT))
+def test_linear_activations(act):
+    x, w, b = rand(6, 16), rand(24, 16), rand(24)
+    got = run("linear", [x, w, b], f"w=nk;bias=1;act={act}", (6, 24))
+    close(got, ACT[act](F.linear(x, w, b)))
+
+
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("bias", [0, 1])
+@pytest.mark.parametrize("residual", [0, 1])
+def test_linear_layouts_bias_residual(layout, bias, residual):
+    x, w, b, r = rand(2, 5, 16), rand(24, 16), rand(24), rand(2, 5, 24)
+    inputs = [x, w if layout == "nk" else w.t().contiguous()]
+    want = F.linear(x, w, b if bias else None)
+    if bias:
+        inputs.append(b)
+    if residual:
+        inputs.append(r)
+        want = want + r
+    got = run("linear", inputs, f"w={layout};bias={bias};residual={residual}", (2, 5, 24))
+    close(got, want)
+
+
+def test_linear_act_then_residual():
+    x, w, b, r = rand(3, 4, 16), rand(8, 16), rand(8), rand(3, 4, 8)
+    got = run("linear", [x, w, b, r], "bias=1;residual=1;act=gelu", (3, 4, 8))
+    close(got, F.gelu(F.linear(x, w, b)) + r)
+
+
+def test_linear_no_prepack_and_float64_generic_path():
+    x, w, b = rand(4, 8), rand(6, 8), rand(6)
+    close(run("linear", [x, w, b], "bias=1;prepack=0;act=relu", (4, 6)), F.relu(F.linear(x, w, b)))
+    xd, wd, bd, rd = x.double(), w.t().contiguous().double(), b.double(), rand(4, 6).double()
+    got = run("linear", [xd, wd, bd, rd], "w=kn;bias=1;residual=1;act=silu", (4, 6), "float64")
+    close(got, F.silu(F.linear(xd, wd.t(), bd)) + rd)
+
+
+def test_linear_layernorm():
+    x, w, b, r = rand(2, 6, 32), rand(32, 32), rand(32), rand(2, 6, 32)
+    g, beta = rand(32), rand(32)
+    got = run(
+        "linear_layernorm",
+        [x, w, b, r, g, beta],
+        "w=nk;bias=1;residual=1;gamma=1;beta=1;eps=1e-12",
+        (2, 6, 32),
+    )
+    close(got, F.layer_norm(F.linear(x, w, b) + r, (32,), g, beta, 1e-12))
+    # kn weight, no bias, gamma only
+    got = run(
+        "linear_layernorm", [x, w.t().contiguous(), r, g], "w=kn;residual=1;gamma=1", (2, 6, 32)
+    )
+    close(got, F.layer_norm(F.linear(x, w) + r, (32,), g, None, 1e-5))
+
+
+# ---------------------------------------------------------------------------------------------
+# matmul and attention
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_matmul_transposes_scale(ta, tb):
+    a, b = rand(3, 5, 7), rand(3, 7, 4)
+    ia = a.transpose(-1, -2).contiguous() if ta else a
+    ib = b.transpose(-1, -2).contiguous() if tb else b
+    got = run("matmul", [ia, ib], f"ta={ta};tb={tb};scale=0.125", (3, 5, 4))
+    close(got, (a @ b) * 0.125)
+
+
+def test_matmul_broadcast_and_bias():
+    a, b, bias = rand(2, 3, 5, 7), rand(7, 4), rand(4)
+    close(run("matmul", [a, b, bias], "bias=1", (2, 3, 5, 4)), a @ b + bias)
+    a2, b2 = rand(5, 7), rand(7, 4)
+    close(run("matmul", [a2, b2, bias], "bias=1", (5, 4)), a2 @ b2 + bias)
+    a3, b3 = rand(1, 3, 5, 7), rand(2, 1, 7, 4)
+    close(run("matmul", [a3, b3], "", (2, 3, 5, 4)), a3 @ b3)
+
+
+def ref_attention(q, k, v, scale, mask=None, causal=False):
+    s = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s + mask
+    if causal:
+        keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("out_layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("causal", [0, 1])
+def test_attention_layouts_causal(layout, out_layout, causal):
+    b, h, s, d = 2, 3, 8, 16
+    q, k, v = rand(b, h, s, d), rand(b, h, s, d), rand(b, h, s, d)
+    want = ref_attention(q, k, v, 1 / math.sqrt(d), causal=bool(causal))
+    inputs = [q, k, v] if layout == "bhsd" else [t.transpose(1, 2).contiguous() for t in (q, k, v)]
+    out_shape = (b, h, s, d) if out_layout == "bhsd" else (b, s, h, d)
+    got = run(
+        "attention", inputs, f"layout={layout};out_layout={out_layout};causal={causal}", out_shape
+    )
+    close(got, want if out_layout == "bhsd" else want.transpose(1, 2))
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_attention_mask_and_scale(causal):
+    b, h, sq, sk, d = 2, 2, 6, 6, 8
+    q, k, v = rand(b, h, sq, d), rand(b, h, sk, d), rand(b, h, sk, d)
+    # a BERT-style padding mask [B, 1, 1, Sk]: the last two keys of batch 1 masked out
+    mask = torch.zeros(b, 1, 1, sk)
+    mask[1, ..., -2:] = -10000.0
+    got = run("attention", [q, k, v, mask], f"mask=1;scale=0.3;causal={causal}", (b, h, sq, d))
+    close(got, ref_attention(q, k, v, 0.3, mask, bool(causal)))
+
+
+def test_attention_cross_lengths():
+    q, k, v = rand(1, 2, 3, 8), rand(1, 2, 10, 8), rand(1, 2, 10, 8)
+    close(run("attention", [q, k, v], "scale=0.5", (1, 2, 3, 8)), ref_attention(q, k, v, 0.5))
+
+
+# ---------------------------------------------------------------------------------------------
+# normalization, softmax
+
+
+def test_layer_norm_variants():
+    x, g, b = rand(2, 5, 12), rand(12), rand(12)
+    close(
+        run("layer_norm", [x, g, b], "gamma=1;beta=1;eps=1e-6", x.shape),
+        F.layer_norm(x, (12,), g, b, 1e-6),
+    )
+    close(run("layer_norm", [x, g], "gamma=1", x.shape), F.layer_norm(x, (12,), g, None))
+    close(run("layer_norm", [x], "", x.shape), F.layer_norm(x, (12,)))
+    g2 = rand(5, 12)
+    close(run("layer_norm", [x, g2], "gamma=1;axes=2", x.shape), F.layer_norm(x, (5, 12), g2))
+
+
+def test_rms_norm():
+    x, g = rand(3, 7, 16), rand(16)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * g
+    close(run("rms_norm", [x, g], "gamma=1;eps=1e-6", x.shape), want)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    close(run("rms_norm", [x], "eps=1e-5", x.shape), want)
+
+
+def test_softmax():
+    x = rand(2, 3, 9)
+    close(run("softmax", [x], "", x.shape), torch.softmax(x, -1))
+    close(run("softmax", [x], "axis=2;scale=0.25", x.shape), torch.softmax(x * 0.25, -1))
+
+
+# ---------------------------------------------------------------------------------------------
+# conv2d
+
+
+@pytest.mark.parametrize(
+    "cin,cout,k,stride,padding,groups",
+    [
+        (3, 8, 3, 1, (1, 1, 1, 1), 1),
+        (4, 6, 3, 2, (1, 1, 1, 1), 1),
+        (8, 8, 3, 1, (1, 1, 1, 1), 8),  # depthwise
+        (4, 8, 1, 1, (0, 0, 0, 0), 2),
+        (3, 4, 3, 1, (0, 1, 2, 1), 1),  # asymmetric padding
+    ],
+)
+def test_conv2d_shapes(cin, cout, k, stride, padding, groups):
+    x, w = rand(2, cin, 9, 9), rand(cout, cin // groups, k, k)
+    t, left, b, r = padding
+    want = F.conv2d(F.pad(x, (left, r, t, b)), w, None, stride, 0, 1, groups)
+    cfg = f"stride={stride},{stride};padding={t},{left},{b},{r};groups={groups}"
+    close(run("conv2d", [x, w], cfg, want.shape), want)
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "silu", "gelu"])
+@pytest.mark.parametrize("residual", [0, 1])
+def test_conv2d_bias_act_residual(act, residual):
+    x, w, b = rand(1, 8, 10, 10), rand(16, 8, 3, 3), rand(16)
+    y = ACT[act](F.conv2d(x, w, b, 1, 1, 2))
+    inputs = [x, w, b]
+    if residual:
+        r = rand(*y.shape)
+        inputs.append(r)
+        y = y + r
+    cfg = f"padding=1;dilation=2,2;bias=1;residual={residual};act={act}"
+    w_out = (10 + 2 - 2 * 2) // 1 + 0  # dilation 2, kernel 3, padding 1 -> 8
+    assert y.shape[-1] == w_out
+    close(run("conv2d", inputs, cfg, y.shape), y)
+    # second run uses the per-shape implementation chosen at the first call
+    close(run("conv2d", inputs, cfg, y.shape), y)
+
+
+# ---------------------------------------------------------------------------------------------
+# config errors
+
+
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        ("act=swishy", r"plus\.linear.*'act'"),
+        ("w=kn;colour=red", r"plus\.linear.*unknown config key 'colour'"),
+        ("bias=2", r"plus\.linear.*'bias'"),
+        ("bias", r"plus\.linear.*not key=value"),
+    ],
+)
+def test_bad_config_raises_naming_kernel_and_key(config, match):
+    x, w = rand(2, 4), rand(3, 4)
+    with pytest.raises(Exception, match=match):
+        run("linear", [x, w], config, (2, 3))
+
+
+def test_bad_config_direct_and_wrong_input_count():
+    spec = rt.KERNELS["plus.attention"].spec
+    with pytest.raises(ValueError, match=r"plus\.attention.*'scale'"):
+        spec.parse("scale=big")
+    with pytest.raises(Exception, match=r"plus\.linear.*implies 3 tensor inputs"):
+        run("linear", [rand(2, 4), rand(3, 4)], "bias=1", (2, 3))
+    with pytest.raises(Exception, match=r"plus\.softmax.*last axis"):
+        run("softmax", [rand(2, 4)], "axis=0", (2, 4))
+
+
+def test_config_parse_is_cached():
+    spec = rt.KERNELS["plus.linear"].spec
+    a = spec.parse("act=gelu;bias=1")
+    assert spec.parse("act=gelu;bias=1") is a
+    assert a.act == "gelu" and a.bias and not a.residual and a.w == "nk"
+
+
+# ---------------------------------------------------------------------------------------------
+# prepack cache
+
+
+def test_prepack_once_and_no_collisions():
+    rt.clear_caches()
+    cache = rt.KERNELS["plus.linear"].cache
+    x = rand(4, 16)
+    w1, w2 = rand(8, 16), rand(8, 16)
+    fn = compile_call("linear", [x, w1], "w=nk", (4, 8))
+    tx, t1, t2 = (tvm.runtime.tensor(t.numpy()) for t in (x, w1, w2))
+    packs = cache.packs
+    close(torch.from_numpy(fn(tx, t1).numpy()), F.linear(x, w1))
+    assert cache.packs == packs + 1
+    for _ in range(3):
+        close(torch.from_numpy(fn(tx, t1).numpy()), F.linear(x, w1))
+    assert cache.packs == packs + 1  # not re-packed
+    close(torch.from_numpy(fn(tx, t2).numpy()), F.linear(x, w2))  # a different weight
+    assert cache.packs == packs + 2
+    close(torch.from_numpy(fn(tx, t1).numpy()), F.linear(x, w1))
+    assert cache.packs == packs + 2 and len(cache) == 2
+    rt.clear_caches()
+    assert len(cache) == 0
+
+
+def test_prepack_cache_keys_and_keeps_source_alive():
+    cache = rt.PrepackCache("test")
+    w = torch.randn(4, 4)
+    calls = []
+
+    def pack(t):
+        calls.append(t)
+        return t.t().contiguous()
+
+    p1 = cache.get(w, ("v", "nk"), pack)
+    assert cache.get(w, ("v", "nk"), pack) is p1
+    cache.get(w, ("v", "kn"), pack)  # another variant of the same weight
+    cache.get(w.t(), ("v", "nk"), pack)  # same pointer, other strides
+    assert cache.packs == 3 and len(calls) == 3
+    assert all(entry[0] is not None for entry in cache.entries.values())
+
+
+def test_conv2d_prepack_once():
+    rt.clear_caches()
+    conv = rt.KERNELS["plus.conv2d"]
+    x, w, b = rand(1, 16, 14, 14), rand(32, 16, 3, 3), rand(32)
+    out = torch.empty(1, 32, 14, 14)
+    packs = conv.cache.packs
+    for _ in range(3):
+        conv.call(x, w, b, config="padding=1;bias=1;act=relu", out=out)
+        close(out, F.relu(F.conv2d(x, w, b, 1, 1)))
+    assert conv.cache.packs - packs <= 1  # 0 when the timing chose F.conv2d (entry dropped)
+    assert len(conv.choices) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# cost figures and threads
+
+
+def test_overhead_and_gflops_figures():
+    us = rt.call_overhead_us()
+    assert 0.0 <= us < 1000.0
+    assert rt.call_overhead_us() == us  # measured once
+    assert rt.library_gflops("plus.linear", "cuda") > rt.library_gflops("plus.linear", "llvm") > 1
+    assert rt.physical_cores() >= 1
+
+
+def test_threads_env(monkeypatch):
+    setup = rt._common._ThreadSetup()
+    before = torch.get_num_threads()
+    monkeypatch.setenv(rt._common.THREADS_ENV, "1")
+    try:
+        setup.ensure()
+        assert setup.threads == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA (skipped without a GPU)
+
+
+@pytest.mark.gpu
+def test_cuda_kernels_direct():
+    dev = torch.device("cuda")
+    x, w, b, r = (t.to(dev) for t in (rand(2, 5, 32), rand(48, 32), rand(48), rand(2, 5, 48)))
+    out = torch.empty(2, 5, 48, device=dev)
+    for act in ACT:
+        rt.KERNELS["plus.linear"].call(x, w, b, r, config=f"bias=1;residual=1;act={act}", out=out)
+        close(out.cpu(), (ACT[act](F.linear(x, w, b)) + r).cpu(), rtol=2e-3)
+    q, k, v = (rand(1, 2, 16, 32).to(dev) for _ in range(3))
+    o = torch.empty(1, 2, 16, 32, device=dev)
+    rt.KERNELS["plus.attention"].call(q, k, v, config="causal=1", out=o)
+    close(o.cpu(), ref_attention(q, k, v, 32**-0.5, causal=True).cpu(), rtol=2e-3)
+    xc, wc = rand(1, 8, 10, 10).to(dev), rand(8, 8, 3, 3).to(dev)
+    oc = torch.empty(1, 8, 10, 10, device=dev)
+    rt.KERNELS["plus.conv2d"].call(xc, wc, config="padding=1;act=relu", out=oc)
+    close(oc.cpu(), F.relu(F.conv2d(xc, wc, None, 1, 1)).cpu(), rtol=2e-3)
+
+
+@pytest.mark.gpu
+def test_cuda_linear_through_vm():
+    target = resolve_target("cuda")
+    x, w = rand(4, 16), rand(8, 16)
+    bb = relax.BlockBuilder()
+    px = relax.Var("x", relax.TensorType((4, 16), "float32"))
+    pw = relax.Var("w", relax.TensorType((8, 16), "float32"))
+    with bb.function("main", [px, pw]):
+        out = bb.emit(
+            relax.call_dps_packed(
+                "plus.linear",
+                [px, pw, tvm.ir.StringImm("act=relu")],
+                out_ty=relax.TensorType((4, 8), "float32"),
+            )
+        )
+        bb.emit_func_output(out)
+    exe = tvm.compile(bb.get(), target=target)
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(exe, dev)
+    got = vm["main"](tvm.runtime.tensor(x.numpy(), dev), tvm.runtime.tensor(w.numpy(), dev))
+    close(torch.from_numpy(got.numpy()), F.relu(F.linear(x, w)), rtol=2e-3)
+
+
+def test_numpy_interop_of_outputs():
+    x = rand(2, 3)
+    got = run("softmax", [x], "scale=2", (2, 3))
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_allclose(got.numpy(), torch.softmax(x * 2, -1).numpy(), rtol=1e-5, atol=1e-6)
