@@ -84,8 +84,16 @@ def test_registered_on_import():
 # linear
 
 
+@pytest.fixture(params=["onednn", "blas"])
+def linear_path(request, monkeypatch):
+    """Run a linear test on oneDNN's prepacked path and on the small-GEMM BLAS path."""
+    threshold = 0.0 if request.param == "onednn" else float("inf")
+    monkeypatch.setattr(rt.linear, "ONEDNN_MIN_FLOPS", threshold)
+    return request.param
+
+
 @pytest.mark.parametrize("act", list(ACT))
-def test_linear_activations(act):
+def test_linear_activations(act, linear_path):
     x, w, b = rand(6, 16), rand(24, 16), rand(24)
     got = run("linear", [x, w, b], f"w=nk;bias=1;act={act}", (6, 24))
     close(got, ACT[act](F.linear(x, w, b)))
@@ -94,7 +102,7 @@ def test_linear_activations(act):
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("bias", [0, 1])
 @pytest.mark.parametrize("residual", [0, 1])
-def test_linear_layouts_bias_residual(layout, bias, residual):
+def test_linear_layouts_bias_residual(layout, bias, residual, linear_path):
     x, w, b, r = rand(2, 5, 16), rand(24, 16), rand(24), rand(2, 5, 24)
     inputs = [x, w if layout == "nk" else w.t().contiguous()]
     want = F.linear(x, w, b if bias else None)
@@ -107,7 +115,7 @@ def test_linear_layouts_bias_residual(layout, bias, residual):
     close(got, want)
 
 
-def test_linear_act_then_residual():
+def test_linear_act_then_residual(linear_path):
     x, w, b, r = rand(3, 4, 16), rand(8, 16), rand(8), rand(3, 4, 8)
     got = run("linear", [x, w, b, r], "bias=1;residual=1;act=gelu", (3, 4, 8))
     close(got, F.gelu(F.linear(x, w, b)) + r)
@@ -121,7 +129,7 @@ def test_linear_no_prepack_and_float64_generic_path():
     close(got, F.silu(F.linear(xd, wd.t(), bd)) + rd)
 
 
-def test_linear_layernorm():
+def test_linear_layernorm(linear_path):
     x, w, b, r = rand(2, 6, 32), rand(32, 32), rand(32), rand(2, 6, 32)
     g, beta = rand(32), rand(32)
     got = run(
@@ -235,6 +243,22 @@ def test_softmax():
 # conv2d
 
 
+@pytest.fixture(params=["onednn", "aten"])
+def conv_impl(request, monkeypatch):
+    """Force one of plus.conv2d's two CPU implementations (instead of the timed choice)."""
+    conv = rt.KERNELS["plus.conv2d"]
+    impl = request.param
+
+    def choose(cfg, args):
+        (conv._onednn if impl == "onednn" else conv._aten)(cfg, *args)
+        return impl
+
+    monkeypatch.setattr(conv, "_choose", choose)
+    conv.choices.clear()
+    yield impl
+    conv.choices.clear()
+
+
 @pytest.mark.parametrize(
     "cin,cout,k,stride,padding,groups",
     [
@@ -245,7 +269,7 @@ def test_softmax():
         (3, 4, 3, 1, (0, 1, 2, 1), 1),  # asymmetric padding
     ],
 )
-def test_conv2d_shapes(cin, cout, k, stride, padding, groups):
+def test_conv2d_shapes(cin, cout, k, stride, padding, groups, conv_impl):
     x, w = rand(2, cin, 9, 9), rand(cout, cin // groups, k, k)
     t, left, b, r = padding
     want = F.conv2d(F.pad(x, (left, r, t, b)), w, None, stride, 0, 1, groups)
@@ -255,7 +279,7 @@ def test_conv2d_shapes(cin, cout, k, stride, padding, groups):
 
 @pytest.mark.parametrize("act", ["none", "relu", "silu", "gelu"])
 @pytest.mark.parametrize("residual", [0, 1])
-def test_conv2d_bias_act_residual(act, residual):
+def test_conv2d_bias_act_residual(act, residual, conv_impl):
     x, w, b = rand(1, 8, 10, 10), rand(16, 8, 3, 3), rand(16)
     y = ACT[act](F.conv2d(x, w, b, 1, 1, 2))
     inputs = [x, w, b]
@@ -300,6 +324,20 @@ def test_bad_config_direct_and_wrong_input_count():
         run("softmax", [rand(2, 4)], "axis=0", (2, 4))
 
 
+def test_shape_mismatches_raise_before_running():
+    with pytest.raises(Exception, match=r"plus\.linear.*disagree on K"):
+        run("linear", [rand(2, 4), rand(3, 5)], "", (2, 3))
+    with pytest.raises(Exception, match=r"plus\.matmul.*output shape \(2, 4\)"):
+        run("matmul", [rand(2, 3), rand(3, 5)], "", (2, 4))
+    with pytest.raises(Exception, match=r"plus\.conv2d.*output shape"):
+        run("conv2d", [rand(1, 2, 5, 5), rand(3, 2, 3, 3)], "padding=1", (1, 3, 3, 3))
+
+
+def test_linear_residual_broadcast(linear_path):
+    x, w, r = rand(2, 8, 32), rand(64, 32), rand(64)
+    close(run("linear", [x, w, r], "residual=1", (2, 8, 64)), F.linear(x, w) + r)
+
+
 def test_config_parse_is_cached():
     spec = rt.KERNELS["plus.linear"].spec
     a = spec.parse("act=gelu;bias=1")
@@ -312,11 +350,12 @@ def test_config_parse_is_cached():
 
 
 def test_prepack_once_and_no_collisions():
+    assert 2 * 64 * 128 * 256 >= rt.linear.ONEDNN_MIN_FLOPS
     rt.clear_caches()
     cache = rt.KERNELS["plus.linear"].cache
-    x = rand(4, 16)
-    w1, w2 = rand(8, 16), rand(8, 16)
-    fn = compile_call("linear", [x, w1], "w=nk", (4, 8))
+    x = rand(64, 128)  # 4 MFLOP: above ONEDNN_MIN_FLOPS, so the weight is packed
+    w1, w2 = rand(256, 128), rand(256, 128)
+    fn = compile_call("linear", [x, w1], "w=nk", (64, 256))
     tx, t1, t2 = (tvm.runtime.tensor(t.numpy()) for t in (x, w1, w2))
     packs = cache.packs
     close(torch.from_numpy(fn(tx, t1).numpy()), F.linear(x, w1))

@@ -202,17 +202,22 @@ class _Streams:
 
     The VM (and its CUDA-graph capture, which swaps in a capture stream through
     ``TVMFFIEnvSetStream``) launches on the stream that ``tvm_ffi.get_raw_stream`` returns;
-    torch work must go to the same stream. The wrappers are cached so that nothing is allocated
+    torch work must go to the same stream. The wrappers are cached so that nothing is created
     while a graph is being captured.
+
+    While TVM captures a CUDA graph, the torch temporaries of a kernel (SDPA's output, a conv
+    result before the copy into ``out``, cuBLAS workspace) are allocated from a private
+    ``torch.cuda.MemPool`` that lives as long as the process: the captured graph keeps
+    pointing at them, so they must never be handed to other tensors. Temporaries of different
+    kernels may share pool blocks; that is safe because every temporary is dead when its
+    kernel returns and graph replays run the kernels in order on one stream.
     """
 
     def __init__(self) -> None:
         self.by_handle: dict[tuple[int, int], Any] = {}
+        self.pools: dict[int, Any] = {}
 
-    def context(self, tensor: torch.Tensor):
-        if tensor.device.type != "cuda":
-            return contextlib.nullcontext()
-        index = tensor.device.index or 0
+    def stream(self, index: int, device: torch.device):
         handle = tvm_ffi.get_raw_stream(tvm_ffi.device("cuda", index))
         key = (index, handle)
         stream = self.by_handle.get(key)
@@ -220,9 +225,26 @@ class _Streams:
             if handle == 0:
                 stream = torch.cuda.default_stream(index)
             else:
-                stream = torch.cuda.ExternalStream(handle, device=tensor.device)
+                stream = torch.cuda.ExternalStream(handle, device=device)
             self.by_handle[key] = stream
-        return torch.cuda.stream(stream)
+        return stream
+
+    @contextlib.contextmanager
+    def context(self, tensor: torch.Tensor):
+        """Run torch work on TVM's current stream of ``tensor``'s device (no-op on the CPU)."""
+        if tensor.device.type != "cuda":
+            yield
+            return
+        index = tensor.device.index or 0
+        with torch.cuda.device(index), torch.cuda.stream(self.stream(index, tensor.device)):
+            if not torch.cuda.is_current_stream_capturing():
+                yield
+                return
+            pool = self.pools.get(index)
+            if pool is None:
+                pool = self.pools[index] = torch.cuda.MemPool()
+            with torch.cuda.use_mem_pool(pool, index):
+                yield
 
 
 STREAMS = _Streams()
@@ -371,6 +393,10 @@ class LibraryKernel:
     def check(self, cfg: tuple, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         """Raise ``ValueError`` for a config the kernel does not support (optional hook)."""
 
+    def out_shape(self, cfg: tuple, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        """The shape ``out`` must have (torch's ``out=`` would silently resize a wrong one)."""
+        return tuple(inputs[0].shape)
+
     def __call__(self, *args: Any) -> None:
         if len(args) < 2:
             raise ValueError(f"{self.name}: expected (*inputs, config, out), got {len(args)} args")
@@ -390,6 +416,12 @@ class LibraryKernel:
         inputs = [to_torch(t) for t in tensors]
         out_t = to_torch(out)
         self.check(cfg, inputs, out_t)
+        shape = self.out_shape(cfg, inputs)
+        if tuple(out_t.shape) != shape:
+            raise ValueError(
+                f"{self.name}: output shape {tuple(out_t.shape)} does not match {shape} "
+                f"implied by the inputs {[tuple(t.shape) for t in inputs]} and {str(config)!r}"
+            )
         if out_t.device.type == "cpu":
             THREADS.ensure()
             self.run(cfg, inputs, out_t)

@@ -52,6 +52,15 @@ class Attention(LibraryKernel):
                     f"{self.name}: q, k, v must be 4-D ({cfg.layout}), got shape {tuple(t.shape)}"
                 )
 
+    def out_shape(self, cfg, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        q, v = inputs[0], inputs[2]
+        if cfg.layout == "bhsd":
+            b, h, s = q.shape[0], q.shape[1], q.shape[2]
+        else:
+            b, s, h = q.shape[0], q.shape[1], q.shape[2]
+        d = v.shape[-1]
+        return (b, h, s, d) if cfg.out_layout == "bhsd" else (b, s, h, d)
+
     def causal_mask(self, sq: int, sk: int, like: torch.Tensor) -> torch.Tensor:
         """The additive top-left causal mask ``[Sq, Sk]`` (0 on and below the diagonal)."""
         key = (sq, sk, like.dtype, like.device)

@@ -95,6 +95,16 @@ class Conv2d(LibraryKernel):
                 f"w in-channels {w.shape[1]}"
             )
 
+    def out_shape(self, cfg, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        x, w = inputs[0], inputs[1]
+        t, left, b, r = cfg.padding
+        sizes = []
+        for size, pad, k, s, d in zip(
+            x.shape[2:], (t + b, left + r), w.shape[2:], cfg.stride, cfg.dilation, strict=True
+        ):
+            sizes.append((size + pad - d * (k - 1) - 1) // s + 1)
+        return (x.shape[0], w.shape[0], *sizes)
+
     @staticmethod
     def _symmetric(cfg, x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         t, left, b, r = cfg.padding

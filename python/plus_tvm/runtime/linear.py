@@ -30,6 +30,11 @@ from ._common import (
     write_out,
 )
 
+# Below this many FLOPs (2*M*K*N) oneDNN's fixed cost per call (about 13 us: primitive lookup,
+# post-op attributes) loses to MKL's addmm writing into ``out`` (measured on 2 cores: 1 MFLOP
+# 16 vs 9 us, 4 MFLOP 23 vs 25 us, 17 MFLOP 50 vs 84 us).
+ONEDNN_MIN_FLOPS = 3e6
+
 LINEAR_SPEC = ConfigSpec(
     "plus.linear",
     w=choice("nk", "kn"),
@@ -69,7 +74,11 @@ def onednn_linear(
     else:
         weight = packed_linear_weight(cache, w, layout, rows)
     x = x.contiguous()
-    if residual is not None and act == "none":
+    if (
+        residual is not None
+        and act == "none"
+        and residual.shape == (*x.shape[:-1], weight.shape[0])
+    ):
         # the binary post-op: (x @ W + b) + residual in one pass over the output
         return torch.ops.mkldnn._linear_pointwise.binary(
             x, residual.contiguous(), weight, bias, "add"
@@ -79,6 +88,23 @@ def onednn_linear(
     if residual is not None:
         y.add_(residual)
     return y
+
+
+def linear_out_shape(kernel: str, layout: str, x: torch.Tensor, w: torch.Tensor):
+    """``[..., N]`` for ``x`` ``[..., K]``; ``ValueError`` when ``x`` and ``w`` disagree on K."""
+    if w.dim() != 2 or x.dim() < 1:
+        raise ValueError(f"{kernel}: w must be 2-D, got {tuple(w.shape)}")
+    n, k = w.shape if layout == "nk" else (w.shape[1], w.shape[0])
+    if x.shape[-1] != k:
+        raise ValueError(
+            f"{kernel}: x {tuple(x.shape)} and w {tuple(w.shape)} (w={layout}) disagree on K"
+        )
+    return (*x.shape[:-1], n)
+
+
+def use_onednn(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether the prepacked oneDNN path applies and pays off for this GEMM."""
+    return onednn_usable(x, w, out) and 2.0 * x.numel() * out.shape[-1] >= ONEDNN_MIN_FLOPS
 
 
 def generic_linear(
@@ -124,12 +150,15 @@ class Linear(LibraryKernel):
     def num_inputs(self, cfg) -> int:
         return 2 + cfg.bias + cfg.residual
 
+    def out_shape(self, cfg, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        return linear_out_shape(self.name, cfg.w, inputs[0], inputs[1])
+
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         x, w = inputs[0], inputs[1]
         rest = list(inputs[2:])
         bias = rest.pop(0) if cfg.bias else None
         residual = rest.pop(0) if cfg.residual else None
-        if onednn_usable(x, w, out):
+        if use_onednn(x, w, out):
             cache = self.cache if cfg.prepack else None
             write_out(out, onednn_linear(cache, x, w, cfg.w, bias, residual, cfg.act))
         else:

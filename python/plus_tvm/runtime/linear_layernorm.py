@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from ._common import ConfigSpec, LibraryKernel, choice, flag, onednn_usable, real, write_out
-from .linear import generic_linear, onednn_linear
+from ._common import ConfigSpec, LibraryKernel, choice, flag, real, write_out
+from .linear import generic_linear, linear_out_shape, onednn_linear, use_onednn
 
 LINEAR_LAYERNORM_SPEC = ConfigSpec(
     "plus.linear_layernorm",
@@ -40,6 +40,9 @@ class LinearLayerNorm(LibraryKernel):
     def num_inputs(self, cfg) -> int:
         return 2 + cfg.bias + cfg.residual + cfg.gamma + cfg.beta
 
+    def out_shape(self, cfg, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        return linear_out_shape(self.name, cfg.w, inputs[0], inputs[1])
+
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         x, w = inputs[0], inputs[1]
         rest = list(inputs[2:])
@@ -48,7 +51,7 @@ class LinearLayerNorm(LibraryKernel):
         gamma = rest.pop(0) if cfg.gamma else None
         beta = rest.pop(0) if cfg.beta else None
         n = out.shape[-1]
-        if onednn_usable(x, w, out):
+        if use_onednn(x, w, out):
             cache = self.cache if cfg.prepack else None
             y = onednn_linear(cache, x, w, cfg.w, bias, residual, "none")
         else:

@@ -28,6 +28,25 @@ class Matmul(LibraryKernel):
     def num_inputs(self, cfg) -> int:
         return 2 + cfg.bias
 
+    def out_shape(self, cfg, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        a, b = inputs[0], inputs[1]
+        if a.dim() < 2 or b.dim() < 2:
+            raise ValueError(f"{self.name}: a and b must be at least 2-D")
+        m, ka = (a.shape[-1], a.shape[-2]) if cfg.ta else (a.shape[-2], a.shape[-1])
+        kb, n = (b.shape[-1], b.shape[-2]) if cfg.tb else (b.shape[-2], b.shape[-1])
+        if ka != kb:
+            raise ValueError(
+                f"{self.name}: a {tuple(a.shape)} (ta={cfg.ta:d}) and b {tuple(b.shape)} "
+                f"(tb={cfg.tb:d}) disagree on K"
+            )
+        try:
+            batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except RuntimeError:
+            raise ValueError(
+                f"{self.name}: batch dims of {tuple(a.shape)} and {tuple(b.shape)} do not broadcast"
+            ) from None
+        return (*batch, m, n)
+
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         a, b = inputs[0], inputs[1]
         if cfg.ta:

@@ -125,8 +125,9 @@ def _measure_overhead() -> float:
     def direct() -> None:
         kernel.run(kernel.spec.parse("w=nk;prepack=0"), (tx, tw), tout)
 
-    vm_us = _time_us(through_vm, 300)
-    direct_us = _time_us(direct, 300)
+    # the lowest of several block medians: robust to other processes on a shared machine
+    vm_us = min(_time_us(through_vm, 100) for _ in range(5))
+    direct_us = min(_time_us(direct, 100) for _ in range(5))
     return max(vm_us - direct_us, 0.0)
 
 
