@@ -1,5 +1,11 @@
 """TensorIR schedule rules of plus_tvm (one rule per file, per target family).
 
 Phase 4 of the pipeline (``plus_tvm.pipeline.schedule_phase``) tries the rules of this package
-before TVM's own dlight rules; the GIR rules of the PowerFusion work land here.
+before TVM's own dlight rules: with ``Options.gir`` on, ``GIRLLVM`` on CPU and ``GIRCUDA`` on GPU
+schedule memory-intensive kernels through GIR plans (PowerFusion, paper 002).
 """
+
+from .gir_cuda import GIRCUDA
+from .gir_llvm import GIRLLVM
+
+__all__ = ["GIRCUDA", "GIRLLVM"]

@@ -28,7 +28,6 @@ _NOT_YET_AVAILABLE: dict[tuple[str, object], str] = {
         "dispatch",
         True,
     ): "+Graph library dispatch (PluS) is not in this build yet; use dispatch=false",
-    ("gir", True): "GIR memory-kernel schedules are not in this build yet; use gir=false",
     ("cuda_graph", "auto"): "cost-benefit CUDA graph selection is not in this build yet; "
     "use cuda_graph=off or cuda_graph=always",
 }
@@ -65,7 +64,12 @@ class Options:
         Extra warehouse entry folders (``NAME.toml`` files, see ``plus_tvm.pattern_warehouse``),
         loaded after the shipped entries and the folders of ``$PLUS_TVM_WAREHOUSE``.
     gir : bool
-        Phase 4: schedule memory-intensive kernels through GIR plans.
+        Phase 4: schedule memory-intensive kernels (norms, softmax, activations, transposes,
+        reductions) through GIR plans of PowerFusion (paper 002): ``GIRLLVM`` on CPU,
+        ``GIRCUDA`` before dlight's rules on GPU.
+    gir_search_budget : int
+        Most GIR candidate graphs the search evaluates per kernel (0: all of them; they are
+        few, and the performance model's lower bound stops the search early).
     cuda_graph : {"auto", "off", "always"}
         Phase 6 on CUDA targets: capture static kernel runs into CUDA graphs.
     fold_constants : bool
@@ -85,6 +89,7 @@ class Options:
     dispatch: bool = False
     warehouse: tuple[str, ...] = field(default_factory=tuple)
     gir: bool = False
+    gir_search_budget: int = 0
     cuda_graph: str = "off"
     fold_constants: bool = True
     dump_ir: str | None = None
@@ -101,6 +106,13 @@ class Options:
             raise OptionsError(
                 f"option fusion_max_group_size must be a positive integer, "
                 f"got {self.fusion_max_group_size!r}"
+            )
+        if not isinstance(self.gir_search_budget, int) or isinstance(
+            self.gir_search_budget, bool
+        ) or self.gir_search_budget < 0:
+            raise OptionsError(
+                f"option gir_search_budget must be a non-negative integer, "
+                f"got {self.gir_search_budget!r}"
             )
         for name in ("dispatch", "gir", "fold_constants", "fusion_explain"):
             if not isinstance(getattr(self, name), bool):

@@ -12,8 +12,9 @@ Phase contents today (later work replaces phases one by one, and says so here):
                classes of paper 004 on every PrimFunc), ``FoldConstant``
 3. fuse      - ``DPFuseOps`` (mapping-type rules + plan search of paper 004) + ``FuseTIR``;
                ``fusion=tvm``: TVM's ``FuseOps`` + ``FuseTIR``
-4. schedule  - GPU: dlight rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback);
-               CPU: none yet (TVM has no CPU rules for most kernels)
+4. schedule  - ``gir``: GIR plans of paper 002 for memory-intensive kernels (``GIRLLVM`` on
+               CPU; ``GIRCUDA`` on GPU, before dlight); GPU: dlight rules (Matmul, GEMV,
+               Reduction, GeneralReduction, Fallback); CPU without ``gir``: none
 5. lower     - dataflow lowering (``RewriteDataflowReshape`` ... ``CallTIRRewrite``)
 6. finalize  - memory planning, CUDA graphs on CUDA when enabled, VM lowering
 """
@@ -79,15 +80,20 @@ def fuse_phase(target: tvm.target.Target, options: Options) -> list[tvm.transfor
 
 
 def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
-    """Phase 4: TensorIR schedules for the fused kernels."""
-    del options
+    """Phase 4: TensorIR schedules for the fused kernels (GIR rules first with ``gir``)."""
     from tvm.s_tir import dlight as dl
 
     from .passes import ApplyScheduleRules
 
     if _is_gpu(target):
+        gir = []
+        if options.gir:
+            from .schedules import GIRCUDA
+
+            gir = [GIRCUDA(budget=options.gir_search_budget)]
         return [
             ApplyScheduleRules(
+                *gir,
                 dl.gpu.Matmul(),
                 dl.gpu.GEMV(),
                 dl.gpu.Reduction(),
@@ -95,6 +101,10 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
                 dl.gpu.Fallback(),
             )
         ]
+    if options.gir:
+        from .schedules import GIRLLVM
+
+        return [ApplyScheduleRules(GIRLLVM(budget=options.gir_search_budget))]
     return []
 
 

@@ -1,0 +1,326 @@
+"""Split a fused memory-intensive PrimFunc into basic operators (paper 002, section 6).
+
+Each block of the fused kernel becomes one basic operator: element-wise, broadcast, reduce or
+transpose, with what it reads, what it writes and how many rows/elements it touches. The kernel
+as a whole gets a *row structure*:
+
+- ``row``: every reduction reduces trailing axes of what it reads, and every block starts with
+  the same leading spatial axes (LayerNorm, RMSNorm, softmax, row sums);
+- ``column``: one reduction over leading (non-trailing) axes, the rest element-wise (column sums,
+  batch statistics);
+- ``elementwise``: no reduction (activations, residual adds, transposes).
+
+A kernel that fits none of these (or is already scheduled: blocks not directly under their own
+loop nest) gives ``None`` and the GIR rules decline it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..mapping.tir_analysis import _loads, _stores, _vars, _walk_expr
+
+TRANSCENDENTAL = {
+    "tirx.exp",
+    "tirx.exp2",
+    "tirx.erf",
+    "tirx.tanh",
+    "tirx.sigmoid",
+    "tirx.log",
+    "tirx.sqrt",
+    "tirx.rsqrt",
+    "tirx.pow",
+    "tirx.sin",
+    "tirx.cos",
+}
+SYMBOLIC_GUESS = 1024  # extent assumed for a symbolic size in the performance model
+
+
+@dataclass
+class Access:
+    """One load of a buffer by a block."""
+
+    buffer: str
+    kind: str  # "same" (the store's indices), "broadcast" (fewer iterators), "permute", "other"
+    trailing: bool  # the block's innermost iterator indexes the buffer's last axis
+
+
+@dataclass
+class BasicOp:
+    """One basic operator (one TIR block)."""
+
+    block: str
+    kind: str  # "ewise" | "broadcast" | "reduce" | "transpose"
+    output: str
+    output_is_param: bool
+    spatial: list[int]  # extents of spatial iterators (symbolic -> SYMBOLIC_GUESS)
+    reduce: list[int]  # extents of reduction iterators
+    dom: str  # "S"/"R" per iterator
+    accesses: list[Access]
+    flops: int  # arithmetic nodes per element
+    transcendental: int
+    dtype_bytes: int = 4
+    trailing_reduce: bool = True
+    shared: bool = False  # computes row-independent data (a weight's cast): inlined
+
+    @property
+    def inputs(self) -> list[str]:
+        return list(dict.fromkeys(a.buffer for a in self.accesses))
+
+
+@dataclass
+class Kernel:
+    """A fused kernel as basic operators with its row structure."""
+
+    structure: str  # "row" | "column" | "elementwise"
+    ops: list[BasicOp]
+    rows: int  # rows (row kernels), output columns (column kernels), elements (elementwise)
+    row_len: int  # elements per row (reduction length; 1 for elementwise)
+    num_leading: int  # leading spatial axes that are rows
+    params: list[str]
+    intermediates: list[str]
+    symbolic: bool = False
+    consumers: dict[str, list[str]] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # elements of every buffer
+
+    def depends(self, later: str, earlier: str) -> bool:
+        """Whether block ``later`` (transitively) reads what block ``earlier`` writes."""
+        producer = {o.output: o.block for o in self.ops}
+        todo, seen = [later], set()
+        while todo:
+            b = todo.pop()
+            if b == earlier:
+                return True
+            if b in seen:
+                continue
+            seen.add(b)
+            todo += [producer[i] for i in self.op(b).inputs if i in producer]
+        return False
+
+    def op(self, block: str) -> BasicOp:
+        return next(o for o in self.ops if o.block == block)
+
+
+def _extent(e: tvm.ir.Expr) -> tuple[int, bool]:
+    if isinstance(e, tirx.IntImm):
+        return int(e), False
+    return SYMBOLIC_GUESS, True
+
+
+def _count_ops(expr: tvm.ir.Expr) -> tuple[int, int]:
+    flops, trans = [0], [0]
+
+    def visit(node: object) -> None:
+        if isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op):
+            if node.op.name in TRANSCENDENTAL:
+                trans[0] += 1
+            flops[0] += 1
+        elif isinstance(node, (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Max, tirx.Min)):
+            flops[0] += 1
+
+    _walk_expr(expr, visit)
+    return flops[0], trans[0]
+
+
+def _classify(ld: object, store: tirx.BufferStore, spatial_vars: list) -> str:
+    li, si = list(ld.indices), list(store.indices)
+    if len(li) == len(si) and all(tvm_structural_equal(a, b) for a, b in zip(li, si)):
+        return "same"
+    used = set()
+    for idx in li:
+        used |= _vars(idx)
+    if not set(spatial_vars) <= used:
+        return "broadcast"
+    if all(isinstance(i, tirx.Var) for i in li) and len(li) == len(si):
+        return "permute"
+    return "other"
+
+
+def tvm_structural_equal(a: object, b: object) -> bool:
+    import tvm_ffi
+
+    return tvm_ffi.structural_equal(a, b, map_free_vars=False)
+
+
+def analyze(func: tirx.PrimFunc) -> Kernel | None:
+    """The kernel's basic operators and row structure, or ``None`` (not a GIR kernel)."""
+    try:
+        sch = s_tir.Schedule(func)
+        root = sch.get_sblock("root")
+        blocks = sch.get_child_blocks(root)
+    except Exception:  # noqa: BLE001 - opaque or unusual functions are simply not GIR kernels
+        return None
+    if not blocks:
+        return None
+    names = _Names()
+    params = {names(p): p for p in func.params if hasattr(p.ty, "shape")}
+    ops: list[BasicOp] = []
+    symbolic = False
+    for brv in blocks:
+        block = sch.get(brv)
+        loops = sch.get_loops(brv)
+        realize = sch.get_sref(brv).stmt  # noqa: F841 - the block itself
+        stores = list(_stores(block.body))
+        if len(stores) != 1 or block.alloc_buffers or block.match_buffers:
+            return None
+        if len(loops) != len(block.iter_vars):
+            return None  # not one loop per iterator: already scheduled or unusual
+        store = stores[0]
+        dom = "".join("S" if int(iv.iter_type) == 0 else "R" for iv in block.iter_vars)
+        if any(int(iv.iter_type) not in (0, 2) for iv in block.iter_vars):
+            return None
+        spatial_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0]
+        red_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
+        spatial, reduce = [], []
+        for iv in block.iter_vars:
+            ext, sym = _extent(iv.dom.extent)
+            symbolic |= sym
+            (spatial if int(iv.iter_type) == 0 else reduce).append(ext)
+        accesses = []
+        trailing_reduce = True
+        for ld in _loads(store.value):
+            if ld.source.same_as(store.buffer):
+                continue  # the reduction's own accumulator
+            kind = _classify(ld, store, spatial_vars)
+            last = ld.indices[-1] if len(ld.indices) else None
+            inner = block.iter_vars[-1].var
+            trailing = last is not None and inner in _vars(last)
+            if red_vars and last is not None and not (_vars(last) & set(red_vars)):
+                if any(_vars(i) & set(red_vars) for i in ld.indices):
+                    trailing_reduce = False
+            accesses.append(Access(names(ld.source), kind, trailing))
+        if red_vars:
+            kind = "reduce"
+        elif any(a.kind == "permute" for a in accesses):
+            kind = "transpose"
+        elif any(a.kind == "broadcast" for a in accesses):
+            kind = "broadcast"
+        elif any(a.kind == "other" for a in accesses):
+            return None  # gathers, slices with offsets, reshapes: not a GIR basic operator
+        else:
+            kind = "ewise"
+        flops, trans = _count_ops(store.value)
+        ops.append(
+            BasicOp(
+                block=block.name_hint,
+                kind=kind,
+                output=names(store.buffer),
+                output_is_param=names(store.buffer) in params,
+                spatial=spatial,
+                reduce=reduce,
+                dom=dom,
+                accesses=accesses,
+                flops=max(flops, 1),
+                transcendental=trans,
+                dtype_bytes=_dtype_bytes(store.buffer),
+                trailing_reduce=trailing_reduce,
+            )
+        )
+    written = [o.output for o in ops]
+    if len(set(written)) != len(written):
+        return None
+    intermediates = [o.output for o in ops if not o.output_is_param]
+    consumers: dict[str, list[str]] = {}
+    for o in ops:
+        for b in o.inputs:
+            consumers.setdefault(b, []).append(o.block)
+    kernel = _structure(ops, symbolic)
+    if kernel is None:
+        return None
+    kernel.params = list(params)
+    kernel.intermediates = intermediates
+    kernel.consumers = consumers
+    sizes = {}
+    for name, buf in params.items():
+        total = 1
+        for d in buf.ty.shape:
+            total *= _extent(d)[0]
+        sizes[name] = total
+    for o in ops:
+        total = 1
+        for e in o.spatial:
+            total *= e
+        sizes[o.output] = total
+    kernel.sizes = sizes
+    return kernel
+
+
+def _leading_s(dom: str) -> int:
+    return len(dom) - len(dom.lstrip("S"))
+
+
+def _structure(ops: list[BasicOp], symbolic: bool) -> Kernel | None:
+    reductions = [o for o in ops if o.kind == "reduce"]
+    last = ops[-1]
+    if not last.output_is_param:
+        return None
+    if not reductions:
+        total = 1
+        for e in last.spatial:
+            total *= e
+        return Kernel("elementwise", ops, total, 1, len(last.spatial), [], [], symbolic)
+    if all(o.trailing_reduce and o.dom.endswith("R") for o in reductions):
+        red_lead = {_leading_s(o.dom) for o in reductions}
+        if len(red_lead) != 1:
+            return None
+        lead = red_lead.pop()
+        if lead == 0 or any(o.dom[lead:].count("S") for o in reductions):
+            return None
+        for o in ops:
+            if o.kind != "reduce" and (
+                _leading_s(o.dom) < lead or o.spatial[:lead] != last.spatial[:lead]
+            ):
+                o.shared = True  # no row axis: weights prepared for every row
+                if o.output_is_param or any(
+                    a.kind != "same" or a.buffer not in {p.output for p in ops} and False
+                    for a in o.accesses
+                ):
+                    return None
+        rows = 1
+        for e in last.spatial[:lead]:
+            rows *= e
+        row_len = 1
+        for e in reductions[0].reduce:
+            row_len *= e
+        if any(o.spatial[:lead] != last.spatial[:lead] for o in ops if not o.shared):
+            return None
+        return Kernel("row", ops, rows, row_len, lead, [], [], symbolic)
+    if len(reductions) == 1 and not reductions[0].trailing_reduce:
+        red = reductions[0]
+        if red.dom[0] != "S" or "S" in red.dom[red.dom.index("R") :]:
+            return None
+        cols = 1
+        for e in red.spatial:
+            cols *= e
+        row_len = 1
+        for e in red.reduce:
+            row_len *= e
+        return Kernel("column", ops, cols, row_len, len(red.spatial), [], [], symbolic)
+    return None
+
+
+class _Names:
+    """Unique names for buffer variables (several buffers of a fused kernel share a name)."""
+
+    def __init__(self) -> None:
+        self.known: list[tuple[object, str]] = []
+
+    def __call__(self, var: object) -> str:
+        for v, name in self.known:
+            if v.same_as(var):
+                return name
+        taken = {n for _, n in self.known}
+        name, k = var.name, 1
+        while name in taken:
+            name, k = f"{var.name}#{k}", k + 1
+        self.known.append((var, name))
+        return name
+
+
+def _dtype_bytes(buffer: tirx.Var) -> int:
+    dtype = buffer.ty.dtype
+    dtype = getattr(dtype, "dtype", dtype)  # a PrimType wraps the dtype
+    return max(int(dtype.bits) // 8, 1)

@@ -1,0 +1,175 @@
+"""Helpers shared by the GIR lowering rules: instruction mapping and schedule utilities.
+
+Instruction mapping (section 7 of paper 002: porting needs "instruction-to-instruction mappings
+for computation"): LLVM turns ``exp`` on float vectors into one ``expf`` call per lane, which
+makes every softmax compute-bound on CPU (``erf`` likewise). :func:`vectorizable_math` rewrites
+float32 ``exp``, ``sigmoid`` and ``tanh`` into a Cody-Waite range reduction, a degree-6
+polynomial and an exponent-field ``2^n`` (TOPI's ``fast_exp`` formula; relative error about
+1e-7) and ``erf`` into Eigen's rational approximation (TOPI's ``fast_erf``), which LLVM
+vectorizes like any arithmetic.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..mapping.tir_analysis import _stores
+
+_BINARY = (
+    tirx.Add,
+    tirx.Sub,
+    tirx.Mul,
+    tirx.Div,
+    tirx.Max,
+    tirx.Min,
+    tirx.FloorDiv,
+    tirx.FloorMod,
+    tirx.EQ,
+    tirx.NE,
+    tirx.LT,
+    tirx.LE,
+    tirx.GT,
+    tirx.GE,
+    tirx.And,
+    tirx.Or,
+)
+
+
+def _f32(v: float) -> tirx.FloatImm:
+    return tirx.FloatImm("float32", v)
+
+
+def fast_exp(x: tvm.ir.Expr) -> tvm.ir.Expr:
+    """``exp(x)`` for float32 from vectorizable arithmetic (``Let``-bound, no duplication)."""
+    xv, nv, rv = (tirx.Var(name, "float32") for name in ("exp_x", "exp_n", "exp_r"))
+    p = _f32(1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = p * rv + _f32(c)
+    y = p * rv * rv + rv + _f32(1.0)
+    bits = tirx.Cast("int32", nv) + tirx.IntImm("int32", 127)
+    two_n = tirx.reinterpret("float32", tirx.LShift(bits, tirx.IntImm("int32", 23)))
+    body = tirx.Let(rv, xv - nv * _f32(0.693359375) - nv * _f32(-2.12194440e-4), y * two_n)
+    body = tirx.Let(nv, tirx.floor(xv * _f32(1.44269504088896341) + _f32(0.5)), body)
+    clamped = tirx.Max(tirx.Min(x, _f32(88.3762626647950)), _f32(-88.3762626647949))
+    return tirx.Let(xv, clamped, body)
+
+
+def fast_erf(x: tvm.ir.Expr) -> tvm.ir.Expr:
+    """``erf(x)`` for float32: the rational approximation of Eigen / TOPI's ``fast_erf``."""
+    xv, x2 = tirx.Var("erf_x", "float32"), tirx.Var("erf_x2", "float32")
+    p = _f32(-2.72614225801306e-10)
+    for c in (
+        2.77068142495902e-08,
+        -2.10102402082508e-06,
+        -5.69250639462346e-05,
+        -7.34990630326855e-04,
+        -2.95459980854025e-03,
+        -1.60960333262415e-02,
+    ):
+        p = x2 * p + _f32(c)
+    q = _f32(-1.45660718464996e-05)
+    for c in (
+        -2.13374055278905e-04,
+        -1.68282697438203e-03,
+        -7.37332916720468e-03,
+        -1.42647390514189e-02,
+    ):
+        q = x2 * q + _f32(c)
+    body = tirx.Let(x2, xv * xv, xv * p / q)
+    return tirx.Let(xv, tirx.Max(tirx.Min(x, _f32(4.0)), _f32(-4.0)), body)
+
+
+def fast_tanh(x: tvm.ir.Expr) -> tvm.ir.Expr:
+    """``tanh(x) = 1 - 2 / (exp(2x) + 1)`` with :func:`fast_exp` (saturates correctly)."""
+    return _f32(1.0) - _f32(2.0) / (fast_exp(x * _f32(2.0)) + _f32(1.0))
+
+
+_FAST = {
+    "tirx.exp": fast_exp,
+    "tirx.erf": fast_erf,
+    "tirx.tanh": fast_tanh,
+    "tirx.sigmoid": lambda x: _f32(1.0) / (_f32(1.0) + fast_exp(tirx.Sub(_f32(0.0), x))),
+}
+
+
+def _math(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
+    """Replacement of one call, or None."""
+    if not isinstance(e, tvm.ir.Call) or not isinstance(e.op, tvm.ir.Op):
+        return None
+    if str(e.ty) != "float32":
+        return None
+    fn = _FAST.get(e.op.name)
+    return None if fn is None else fn(rebuild(e.args[0]))
+
+
+def rebuild(e: tvm.ir.Expr) -> tvm.ir.Expr:
+    """``e`` with float32 ``exp``/``sigmoid`` calls replaced (other nodes rebuilt as is)."""
+    new = _math(e)
+    if new is not None:
+        return new
+    if isinstance(e, _BINARY):
+        a, b = rebuild(e.a), rebuild(e.b)
+        return e if a.same_as(e.a) and b.same_as(e.b) else type(e)(a, b)
+    if isinstance(e, tirx.Cast):
+        v = rebuild(e.value)
+        return e if v.same_as(e.value) else tirx.Cast(str(e.ty), v)
+    if isinstance(e, tirx.Select):
+        c, t, f = rebuild(e.condition), rebuild(e.true_value), rebuild(e.false_value)
+        return tirx.Select(c, t, f)
+    if isinstance(e, tirx.Let):
+        return tirx.Let(e.var, rebuild(e.value), rebuild(e.body))
+    if isinstance(e, tirx.Not):
+        return tirx.Not(rebuild(e.a))
+    if isinstance(e, tvm.ir.Call) and isinstance(e.op, tvm.ir.Op):
+        args = [rebuild(a) for a in e.args]
+        if all(a.same_as(b) for a, b in zip(args, e.args)):
+            return e
+        return tvm.ir.Call(e.op, args, ret_ty=e.ty)
+    return e
+
+
+def _has_math(e: tvm.ir.Expr) -> bool:
+    from ..mapping.tir_analysis import _walk_expr
+
+    hits: list[object] = []
+    _walk_expr(e, lambda n: hits.append(n) if _math_target(n) else None)
+    return bool(hits)
+
+
+def _math_target(n: object) -> bool:
+    return (
+        isinstance(n, tvm.ir.Call)
+        and isinstance(n.op, tvm.ir.Op)
+        and n.op.name in _FAST
+        and str(n.ty) == "float32"
+    )
+
+
+def vectorizable_math(sch: s_tir.Schedule) -> int:
+    """Rewrite float32 ``exp``/``sigmoid`` in every leaf block of ``sch``; returns how many
+    blocks changed. Works through ``ScheduleState.replace`` so block handles stay valid."""
+    changed = 0
+    for brv in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(brv)
+        stores = list(_stores(block.body))
+        if len(stores) != 1 or not isinstance(block.body, tirx.BufferStore):
+            continue
+        store = stores[0]
+        if not _has_math(store.value):
+            continue
+        body = tirx.BufferStore(store.buffer, rebuild(store.value), store.indices)
+        new = s_tir.SBlock(
+            block.iter_vars,
+            block.reads,
+            block.writes,
+            block.name_hint,
+            body,
+            block.init,
+            block.alloc_buffers,
+            block.match_buffers,
+            block.annotations,
+        )
+        sch.state.replace(sch.get_sref(brv), new, {block: new})
+        changed += 1
+    return changed

@@ -1,0 +1,287 @@
+"""Performance model of GIR graphs (paper 002, section 6) and the machine figures it needs.
+
+A graph's time is estimated from what it moves and synchronizes, per row and parallel unit:
+
+- bytes moved at each hierarchy over that hierarchy's bandwidth; a GLOBAL segment narrower
+  than a cache line (or GPU sector) costs the whole line; data shared by every row (weights)
+  crosses GLOBAL once;
+- synchronizations times the cost of their scope;
+- computation: element operations (transcendental ones weighted) over the lanes that run them;
+- parallel occupancy: GLOBAL bandwidth is only reached when enough units are busy.
+
+Memory and computation overlap, so the time is their maximum plus the synchronizations.
+
+Machine figures: the CPU's copy bandwidth (GLOBAL) and in-cache copy bandwidth (CACHE) are
+measured once on the machine (:func:`measure_cpu`) and stored in a per-user cache file
+(``~/.cache/plus_tvm/gir-figures-<key>.json``, or ``$PLUS_TVM_CACHE_DIR``); without a stored
+measurement the defaults below are used. GPU figures are per architecture defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import tvm
+
+from .analysis import Kernel
+from .ir import Graph, Hierarchy, Kind, Scope
+from .rewrite import Capacity
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the performance model knows about a target."""
+
+    family: str  # "cpu" | "gpu"
+    units: int  # parallel units: CPU cores, GPU resident warps
+    lanes: int  # fp32 SIMD lanes (CPU) or threads per warp (GPU)
+    global_gbps: float  # copy bandwidth: bytes read + written per second / 1e9
+    cache_gbps: float  # per-unit bandwidth of CACHE (CPU L1/L2, GPU shared memory)
+    unit_share: float  # fraction of global bandwidth one unit reaches alone
+    reg_bytes: int  # bytes of registers one unit may keep live
+    cache_bytes: int  # bytes of CACHE one unit (CPU core, GPU block) may use
+    gops: float  # element operations per ns per lane
+    transcendental: float  # element operations one transcendental costs
+    line: int  # bytes of one GLOBAL transaction
+    sync_ns: tuple[float, float, float, float]  # per Scope
+    measured: bool = False
+
+    def capacity(self) -> Capacity:
+        return Capacity(reg=self.reg_bytes, cache=self.cache_bytes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_CPU_DEFAULT = dict(global_gbps=20.0, cache_gbps=100.0, unit_share=0.6)
+
+
+def _cpu_lanes(target: tvm.target.Target) -> int:
+    try:
+        bits = tvm.target.codegen.llvm_get_vector_width(target)
+    except Exception:  # noqa: BLE001 - an unknown mcpu has no vector width
+        bits = 128
+    return max(int(bits) // 32, 4) if bits and bits > 0 else 4
+
+
+def cpu_machine(target: tvm.target.Target, figures: dict | None = None) -> Machine:
+    cores = int(target.attrs.get("num-cores", 0) or os.cpu_count() or 1)
+    lanes = _cpu_lanes(target)
+    f = dict(_CPU_DEFAULT)
+    if figures:
+        f.update({k: v for k, v in figures.items() if k in f})
+    return Machine(
+        family="cpu",
+        units=cores,
+        lanes=lanes,
+        global_gbps=float(f["global_gbps"]),
+        cache_gbps=float(f["cache_gbps"]),
+        unit_share=float(f["unit_share"]),
+        reg_bytes=24 * lanes * 4,  # vector registers left for live data
+        cache_bytes=256 * 1024,  # what one row may occupy of a core's L2 (2 MiB here)
+        gops=2.0,
+        transcendental=12.0,
+        line=64,
+        sync_ns=(0.0, 1.0, 50.0, 5000.0),
+        measured=bool(figures),
+    )
+
+
+# Peak figures of GPU architectures (HBM bandwidth in GB/s, SMs).
+_GPU = {
+    "sm_90": (3350.0, 132),
+    "sm_80": (1555.0, 108),
+    "sm_89": (1008.0, 128),
+    "sm_86": (936.0, 84),
+    "sm_75": (448.0, 40),
+    "sm_70": (900.0, 80),
+}
+
+
+def gpu_machine(target: tvm.target.Target) -> Machine:
+    arch = str(target.attrs.get("arch", "sm_90"))
+    bw, sms = _GPU.get(arch, (1000.0, 80))
+    return Machine(
+        family="gpu",
+        units=sms * 32,  # resident warps the model counts on (half of the 64 an SM holds)
+        lanes=32,
+        global_gbps=bw * 0.85,
+        cache_gbps=64.0,  # shared memory per warp
+        unit_share=1.0 / (sms * 8),
+        reg_bytes=32 * 32 * 4,  # 32 live registers per thread
+        cache_bytes=48 * 1024,  # static shared memory per block
+        gops=1.5,
+        transcendental=4.0,
+        line=32,
+        sync_ns=(0.0, 0.05, 0.5, 4000.0),
+    )
+
+
+def machine_for(target: tvm.target.Target) -> Machine:
+    """The model's figures for ``target``: measured ones from the cache file when present."""
+    if "gpu" in target.keys:
+        return gpu_machine(target)
+    return cpu_machine(target, load_figures(target))
+
+
+# ------------------------------------------------------------------ measured CPU figures
+def _cache_dir() -> str:
+    base = os.environ.get("PLUS_TVM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "plus_tvm"
+    )
+    return base
+
+
+def figures_key(target: tvm.target.Target) -> str:
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    text = f"{target.attrs.get('mcpu', '')}|{target.attrs.get('num-cores', '')}|{cpu.strip()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def figures_path(target: tvm.target.Target) -> str:
+    return os.path.join(_cache_dir(), f"gir-figures-{figures_key(target)}.json")
+
+
+def load_figures(target: tvm.target.Target) -> dict | None:
+    try:
+        with open(figures_path(target)) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) and "global_gbps" in data else None
+    except (OSError, ValueError):
+        return None
+
+
+def measure_cpu(target: tvm.target.Target, store: bool = True, seconds: float = 0.5) -> dict:
+    """Measure copy bandwidth of DRAM (a 64 MiB copy on every core) and of cache (256 KiB per
+    core, repeated) with a parallel, vectorized TVM copy kernel; store them when asked."""
+    import numpy as np
+    from tvm.script import tirx as T  # noqa: N812
+
+    lanes = _cpu_lanes(target)
+
+    cores = int(target.attrs.get("num-cores", 1) or 1)
+
+    def copy_kernel(n: int, reps: int):
+        chunk = n // cores
+        inner = chunk // lanes
+
+        @T.prim_func
+        def copy(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            for c in T.parallel(cores):
+                for r in range(reps):
+                    for j in range(inner):
+                        for v in T.vectorized(lanes):
+                            b[c * chunk + j * lanes + v] = a[c * chunk + j * lanes + v] + T.Cast(
+                                "float32", r
+                            )
+
+        return tvm.compile(tvm.IRModule({"main": copy}), target=target)["main"]
+
+    dev = tvm.cpu()
+
+    def rate(n: int, reps: int) -> float:
+        fn = copy_kernel(n, reps)
+        a = tvm.runtime.tensor(np.ones(n, "float32"), dev)
+        b = tvm.runtime.tensor(np.zeros(n, "float32"), dev)
+        fn(a, b)
+        best, end = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            fn(a, b)
+            dt = time.perf_counter() - t0
+            best = max(best, 2 * 4 * n * reps / dt / 1e9)
+        return best
+
+    global_gbps = rate(16 * 1024 * 1024, 1)
+    cache_gbps = rate(64 * 1024 * cores, 64) / cores
+    figures = {
+        "global_gbps": global_gbps,
+        "cache_gbps": cache_gbps,
+        "unit_share": _CPU_DEFAULT["unit_share"],
+        "measured_at": time.time(),
+    }
+    if store:
+        os.makedirs(_cache_dir(), exist_ok=True)
+        tmp = figures_path(target) + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(figures, f)
+        os.replace(tmp, figures_path(target))
+    return figures
+
+
+# ------------------------------------------------------------------------------ the model
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float
+    global_bytes: float
+    cache_bytes: float
+    syncs: int
+    occupancy: float
+
+
+def _global_cost(s, line: int) -> float:
+    seg = s.width * s.dtype_bytes
+    return s.num * max(seg, line) if seg < line else s.nbytes
+
+
+def estimate(kernel: Kernel, g: Graph, m: Machine) -> Estimate:
+    """Estimated time of the whole kernel under GIR graph ``g``."""
+    par = g.parallel
+    groups = max(kernel.rows // max(g.params.get("rows_per_group", 1), 1), 1)
+    if kernel.structure == "column":
+        groups = max(kernel.rows // max(g.params.get("col_tile", 1), 1), 1)
+    elif kernel.structure == "elementwise":
+        length = g.params.get("tile", 0) ** 2 or g.params.get("row_len", 1)
+        groups = max(kernel.rows // max(length, 1), 1)
+    gbytes = cbytes = ops = 0.0
+    once = 0.0
+    syncs = {s: 0 for s in Scope}
+    for n in g.nodes:
+        if n.kind in (Kind.MOVE, Kind.SYNC):
+            for s in n.inputs + n.outputs:
+                per = 1
+                if s.hierarchy is Hierarchy.GLOBAL:
+                    cost = _global_cost(s, m.line) * per
+                    if s.shared:
+                        once += cost
+                        cbytes += s.nbytes
+                    else:
+                        gbytes += cost
+                elif s.hierarchy is Hierarchy.CACHE:
+                    cbytes += s.nbytes * per
+            if n.kind is Kind.SYNC:
+                syncs[n.scope] += 1
+        else:
+            elems = max((s.elements for s in n.inputs), default=1)
+            weight = n.attrs.get("flops", 1) + n.attrs.get("transcendental", 0) * m.transcendental
+            ops += elems * max(weight, 1)
+    units_busy = min(m.units, groups * par.units_per_row)
+    occupancy = units_busy / m.units
+    share = min(1.0, units_busy * m.unit_share)
+    t_global = (gbytes * groups + once) / (m.global_gbps * 1e9 * share)
+    t_cache = cbytes * groups / (m.cache_gbps * 1e9 * units_busy)
+    lanes = par.vector * (m.lanes if par.unit == "warp" else 1)
+    t_compute = ops * groups / (m.gops * 1e9 * lanes * units_busy)
+    per_row_sync = sum(syncs[s] * m.sync_ns[s] for s in Scope) * 1e-9
+    t_sync = per_row_sync * groups / units_busy + syncs[Scope.DEVICE] * m.sync_ns[3] * 1e-9
+    total = max(t_global, t_cache, t_compute) + t_sync
+    return Estimate(total, gbytes * groups + once, cbytes * groups, sum(syncs.values()), occupancy)
+
+
+def lower_bound(kernel: Kernel, m: Machine) -> float:
+    """No graph moves less than every kernel input read once and every output written once."""
+    total = 0
+    for name in kernel.params:
+        total += kernel.sizes.get(name, 0) * 4
+    return total / (m.global_gbps * 1e9)

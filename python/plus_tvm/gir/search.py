@@ -1,0 +1,133 @@
+"""Pick the best GIR graph for a kernel: enumerate template parameters, generate and merge the
+per-operator graphs, optimize each with algorithm 1, prune with the performance model's lower
+bound and keep the fastest estimate (paper 002, section 6)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import tirx
+
+from .analysis import Kernel, analyze
+from .generate import generate
+from .ir import Graph, Parallel
+from .model import Estimate, Machine, estimate, lower_bound, machine_for
+from .rewrite import optimize, placement
+
+
+@dataclass
+class Plan:
+    """The chosen GIR graph of one kernel and what lowering needs from it."""
+
+    kernel: Kernel
+    graph: Graph
+    estimate: Estimate
+    params: dict
+    placement: dict[str, str]
+    candidates: int = 0
+    ranked: list = field(default_factory=list)  # (seconds, params) of every candidate
+
+    @property
+    def parallel(self) -> Parallel:
+        return self.graph.parallel
+
+
+def _pow2_upto(lo: int, hi: int) -> list[int]:
+    out, v = [], lo
+    while v <= hi:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def candidates(kernel: Kernel, m: Machine) -> list[tuple[Parallel, dict]]:
+    """Template parameters to try: (parallel primitive, parameters) pairs."""
+    has_transpose = any(o.kind == "transpose" for o in kernel.ops)
+    has_trans = any(o.transcendental for o in kernel.ops)
+    recompute = [False, True] if has_trans else [False]
+    out = []
+    if m.family == "cpu":
+        vectors = sorted({m.lanes, max(m.lanes // 2, 4), 4}, reverse=True)
+        if kernel.structure == "row":
+            for v, rc in itertools.product(vectors, recompute):
+                out.append((Parallel("core", v, v), {"vector": v, "recompute": rc}))
+        elif kernel.structure == "column":
+            # at equal estimates the first wins: four independent vector accumulators first
+            for v, mult in itertools.product(vectors, (4, 8, 2, 1)):
+                out.append((Parallel("core", v, v), {"vector": v, "col_tile": v * mult}))
+        else:
+            tiles = [0, 8, 16, 32, 64] if has_transpose else [0]
+            last = kernel.ops[-1].spatial[-1] if kernel.ops[-1].spatial else 1
+            for v, t, rc in itertools.product(vectors, tiles, recompute):
+                row_len = t if t else max(last, v)
+                out.append(
+                    (
+                        Parallel("core", v, v),
+                        {"vector": v, "tile": t, "row_len": row_len, "recompute": rc},
+                    )
+                )
+        return out
+    # GPU: a warp is the unit; threads per row as multiples of warps, elements per access
+    if kernel.structure == "row":
+        longest = min(1024, max(32, 1 << (max(kernel.row_len, 1) - 1).bit_length()))
+        for threads, v, rc in itertools.product(_pow2_upto(32, longest), (1, 2, 4), recompute):
+            if threads * v > max(kernel.row_len, 32) * 2:
+                continue
+            w = threads // 32
+            out.append(
+                (
+                    Parallel("warp", 32, v, units_per_row=w, units_per_block=w),
+                    {"vector": v, "threads": threads, "recompute": rc},
+                )
+            )
+    elif kernel.structure == "column":
+        for tile in (32, 64, 128, 256):
+            out.append(
+                (
+                    Parallel("warp", 32, 1, units_per_row=1, units_per_block=tile // 32),
+                    {"vector": 1, "col_tile": tile, "threads": tile},
+                )
+            )
+    else:
+        tiles = [0, 16, 32] if has_transpose else [0]
+        for threads, t in itertools.product((128, 256, 512), tiles):
+            out.append(
+                (
+                    Parallel("warp", 32, 1, units_per_block=threads // 32),
+                    {"vector": 1, "threads": threads, "tile": t, "row_len": t or threads},
+                )
+            )
+    return out
+
+
+def plan_kernel(kernel: Kernel, m: Machine, budget: int = 0) -> Plan | None:
+    """The best plan among the candidates (at most ``budget`` of them when ``budget > 0``)."""
+    best: Plan | None = None
+    ranked = []
+    tried = 0
+    bound = lower_bound(kernel, m)
+    for parallel, params in candidates(kernel, m):
+        if budget and tried >= budget:
+            break
+        if best is not None and bound >= best.estimate.seconds:
+            break  # nothing can beat the best any more
+        tried += 1
+        graph = optimize(kernel, generate(kernel, parallel, params), m.capacity())
+        est = estimate(kernel, graph, m)
+        ranked.append((est.seconds, params))
+        if best is None or est.seconds < best.estimate.seconds:
+            best = Plan(kernel, graph, est, dict(params), placement(kernel, graph))
+    if best is not None:
+        best.candidates = tried
+        best.ranked = sorted(ranked, key=lambda r: r[0])
+    return best
+
+
+def plan(func: tirx.PrimFunc, target: tvm.target.Target, budget: int = 0) -> Plan | None:
+    """Analyze ``func`` and plan it for ``target``; ``None`` when it is not a GIR kernel."""
+    kernel = analyze(func)
+    if kernel is None:
+        return None
+    return plan_kernel(kernel, machine_for(target), budget)

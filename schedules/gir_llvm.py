@@ -1,0 +1,237 @@
+"""GIRLLVM: memory-intensive kernels on CPU through a GIR plan (paper 002, lowered to TensorIR).
+
+The rule plans the kernel with :func:`plus_tvm.gir.plan` (templates, algorithm 1, performance
+model) and realises the chosen graph as an ``s_tir.Schedule``:
+
+- the parallel primitive becomes a ``parallel`` loop over rows (a CPU core is the unit);
+- gOperator merging decides where each intermediate lives: ``inline`` (merged away, computed in
+  registers where it is used: ``compute_inline``), ``reg``/``cache`` (a row-local buffer:
+  ``compute_at`` under the row loop, so it never reaches memory) or ``global`` (not fused);
+- a reduction becomes one partial per SIMD lane (``rfactor`` over the vector lanes, a
+  vectorized loop) followed by the lane-crossing combine, the WARP-scope synchronization of the
+  graph; row results stay in registers;
+- element-wise gOperators become vectorized loops of the plan's vector width; a transpose is
+  blocked in ``tile x tile`` blocks that stay in cache (the CACHE slice of its template);
+- column reductions keep ``col_tile`` adjacent outputs in vector registers while walking the
+  reduced axis.
+
+Float32 ``exp``/``sigmoid`` are mapped to vectorizable arithmetic first
+(:func:`plus_tvm.gir.lowering.vectorizable_math`). The rule declines (returns ``None``) what it
+does not plan, and tries a plainer lowering of the same plan before giving up.
+"""
+
+from __future__ import annotations
+
+import tvm
+from plus_tvm.gir import plan as gir_plan
+from plus_tvm.gir.lowering import vectorizable_math
+from plus_tvm.gir.search import Plan
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
+
+
+class GIRLLVM(ScheduleRule):
+    """GIR schedules for llvm targets.
+
+    Parameters
+    ----------
+    budget : int
+        Most GIR candidates the search evaluates per kernel (0: all).
+    fast_math : bool
+        Map float32 ``exp``/``sigmoid`` to vectorizable polynomials.
+    """
+
+    def __init__(self, budget: int = 0, fast_math: bool = True) -> None:
+        self.budget = budget
+        self.fast_math = fast_math
+
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+            return None
+        p = gir_plan(func, target, self.budget)
+        if p is None:
+            return None
+        for level in (2, 1, 0):
+            try:
+                return lower(func, p, level, self.fast_math)
+            except Exception:  # noqa: BLE001 - a primitive refused: try a plainer lowering
+                continue
+        return None
+
+
+def _extent(sch: s_tir.Schedule, loop) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tirx.IntImm) else None
+
+
+def _vector_split(sch: s_tir.Schedule, loop, vector: int, allow_tail: bool):
+    """Split ``loop`` so its inner part is a vector of ``vector`` lanes (or the largest power
+    of two dividing a constant extent); returns (outer, inner) or None."""
+    ext = _extent(sch, loop)
+    lanes = vector
+    if ext is not None:
+        if ext <= vector:
+            return (None, loop) if ext >= 2 else None
+        while lanes >= 2 and ext % lanes:
+            lanes //= 2
+        if lanes < 2:
+            if not allow_tail:
+                return None
+            lanes = vector
+    elif not allow_tail:
+        return None
+    outer, inner = sch.split(loop, [None, lanes])
+    return outer, inner
+
+
+def _vectorize_inner(sch: s_tir.Schedule, block, first_inner: int, vector: int, level: int):
+    loops = sch.get_loops(block)[first_inner:]
+    if not loops or level == 0:
+        return
+    inner = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    split = _vector_split(sch, inner, vector, allow_tail=level >= 2)
+    if split is not None:
+        sch.vectorize(split[1])
+
+
+def lower(func: tirx.PrimFunc, p: Plan, level: int = 2, fast_math: bool = True):
+    """The schedule of plan ``p``: level 2 vectorizes everything (tails predicated), 1 only
+    exact vectors, 0 keeps the parallel structure and placement but no vectors."""
+    sch = s_tir.Schedule(func)
+    if fast_math and level > 0:
+        vectorizable_math(sch)
+    k = p.kernel
+    if k.structure == "row":
+        _lower_row(sch, p, level)
+    elif k.structure == "column":
+        _lower_column(sch, p, level)
+    else:
+        _lower_elementwise(sch, p, level)
+    return sch
+
+
+def _inline_spatial(sch: s_tir.Schedule, p: Plan, keep: set[str]) -> None:
+    """Inline, last first, the spatial intermediates that the GIR graph merged away."""
+    k = p.kernel
+    for op in reversed(k.ops):
+        if op.kind == "reduce" or op.output_is_param or op.block in keep:
+            continue
+        if op.shared or p.placement.get(op.output, "inline") == "inline":
+            sch.compute_inline(sch.get_sblock(op.block))
+
+
+def _lower_row(sch: s_tir.Schedule, p: Plan, level: int) -> None:
+    k = p.kernel
+    vector = p.params["vector"]
+    if "global" in p.placement.values():
+        raise ValueError("a row kernel with a materialized intermediate is not fused here")
+    _inline_spatial(sch, p, keep=set())
+    lead = k.num_leading
+    rfactored = []
+    for op in k.ops:
+        if op.kind != "reduce":
+            continue
+        block = sch.get_sblock(op.block)
+        loops = sch.get_loops(block)
+        red = loops[lead:]
+        r = sch.fuse(*red) if len(red) > 1 else red[0]
+        if level == 0:
+            continue
+        split = _vector_split(sch, r, vector, allow_tail=level >= 2)
+        if split is None or split[0] is None:
+            continue
+        rf = sch.rfactor(split[1], 0)
+        rfactored.append(rf)
+    anchor = sch.get_output_blocks(sch.get_sblock("root"))
+    if len(anchor) != 1:
+        raise ValueError("one output block expected")
+    out = anchor[0]
+    loops = sch.get_loops(out)
+    row = sch.fuse(*loops[:lead]) if lead > 1 else loops[0]
+    sch.parallel(row)
+    if _spatial(sch, out):
+        _vectorize_inner(sch, out, 1, vector, level)
+    for brv in reversed(sch.get_child_blocks(sch.get_sblock("root"))[:-1]):
+        sch.compute_at(brv, row, preserve_unit_loops=False)
+    rf_names = {sch.get(b).name_hint for b in rfactored}
+    for brv in sch.get_child_blocks(row):
+        name = sch.get(brv).name_hint
+        loops = sch.get_loops(brv)
+        if name in rf_names:
+            # loops (row, lane, chunk) -> (row, chunk, lane): one partial per vector lane
+            sch.reorder(loops[-1], loops[-2])
+            sch.vectorize(sch.get_loops(brv)[-1])
+        elif _spatial(sch, brv) and len(loops) > 1:
+            _vectorize_inner(sch, brv, 1, vector, level)
+
+
+def _spatial(sch: s_tir.Schedule, block) -> bool:
+    return all(int(iv.iter_type) == 0 for iv in sch.get(block).iter_vars)
+
+
+def _lower_column(sch: s_tir.Schedule, p: Plan, level: int) -> None:
+    k = p.kernel
+    red_op = next(o for o in k.ops if o.kind == "reduce")
+    _inline_spatial(sch, p, keep={o.block for o in k.ops if k.depends(o.block, red_op.block)})
+    block = sch.get_sblock(red_op.block)
+    loops = sch.get_loops(block)
+    ns = red_op.dom.count("S")
+    col = sch.fuse(*loops[:ns]) if ns > 1 else loops[0]
+    red = loops[ns:]
+    r = sch.fuse(*red) if len(red) > 1 else red[0]
+    tile = p.params.get("col_tile", p.params["vector"])
+    ext = _extent(sch, col)
+    if ext is not None and ext <= tile:
+        outer, inner = None, col
+    else:
+        outer, inner = sch.split(col, [None, tile])
+    sch.reorder(*([outer] if outer is not None else []), r, inner)
+    if outer is not None:
+        sch.parallel(outer)
+    if level > 0:
+        if ext is None or ext % min(tile, ext) == 0 or level >= 2:
+            sch.vectorize(inner)
+    # epilogues (a mean's division) follow the tile of columns they read
+    for op in k.ops:
+        if op.block == red_op.block or not k.depends(op.block, red_op.block):
+            continue
+        epi = sch.get_sblock(op.block)
+        if outer is not None:
+            sch.reverse_compute_at(epi, outer, preserve_unit_loops=True)
+            _vectorize_inner(sch, epi, 1, p.params["vector"], level)
+        else:
+            loops = sch.get_loops(epi)
+            _vectorize_inner(sch, epi, 0, p.params["vector"], level)
+
+
+def _lower_elementwise(sch: s_tir.Schedule, p: Plan, level: int) -> None:
+    k = p.kernel
+    vector = p.params["vector"]
+    tile = p.params.get("tile", 0)
+    _inline_spatial(sch, p, keep=set())
+    for brv in sch.get_child_blocks(sch.get_sblock("root")):
+        loops = sch.get_loops(brv)
+        exts = [_extent(sch, lp) for lp in loops]
+        if tile and len(loops) >= 2 and all(e is not None and e >= tile for e in exts[-2:]):
+            io, ii = sch.split(loops[-2], [None, tile])
+            jo, ji = sch.split(loops[-1], [None, tile])
+            sch.reorder(io, jo, ii, ji)
+            outer = sch.fuse(*loops[:-2], io, jo)
+            sch.parallel(outer)
+            if level > 0 and tile >= 2:
+                split = _vector_split(sch, ji, vector, allow_tail=level >= 2)
+                if split is not None:
+                    sch.vectorize(split[1])
+            continue
+        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        if level > 0:
+            split = _vector_split(sch, fused, vector, allow_tail=level >= 2)
+            if split is not None and split[0] is not None:
+                outer, inner = split
+                sch.parallel(outer)
+                sch.vectorize(inner)
+                continue
+        sch.parallel(fused)
+    del k
