@@ -3,6 +3,8 @@
 from .annotate_map_pattern import AnnotateMapPattern
 from .apply_schedule_rules import ApplyScheduleRules
 from .dp_fuse_ops import DPFuseOps
+from .plus_dispatch import PlusDispatch
 from .rewrite_cuda_graph import RewriteCUDAGraph
+from .simplify_views import SimplifyViews
 
-__all__ = ["AnnotateMapPattern", "ApplyScheduleRules", "DPFuseOps", "RewriteCUDAGraph"]
+__all__ = ["AnnotateMapPattern", "ApplyScheduleRules", "DPFuseOps", "PlusDispatch", "RewriteCUDAGraph", "SimplifyViews"]

@@ -24,10 +24,6 @@ CUDA_GRAPH_CHOICES = ("auto", "off", "always")
 # Values the public contract reserves for parts that later work delivers. Rejecting them keeps a
 # user from believing that, e.g., DP fusion ran when it did not.
 _NOT_YET_AVAILABLE: dict[tuple[str, object], str] = {
-    (
-        "dispatch",
-        True,
-    ): "+Graph library dispatch (PluS) is not in this build yet; use dispatch=false",
     ("cuda_graph", "auto"): "cost-benefit CUDA graph selection is not in this build yet; "
     "use cuda_graph=off or cuda_graph=always",
 }
@@ -86,7 +82,7 @@ class Options:
     fusion_beta: float = 0.0
     fusion_seed: int = 0
     fusion_explain: bool = False
-    dispatch: bool = False
+    dispatch: bool = True
     warehouse: tuple[str, ...] = field(default_factory=tuple)
     gir: bool = False
     gir_search_budget: int = 0

@@ -7,7 +7,8 @@ instruments (IR dumps, timing) see phase boundaries.
 
 Phase contents today (later work replaces phases one by one, and says so here):
 
-1. dispatch  - TVM's library dispatch for the target (sampling, sort/scan)
+1. dispatch  - ``PlusDispatch`` (PluS +Graph matching, warehouse library calls) when
+               ``dispatch`` is on; TVM's library dispatch for the target (sort/scan)
 2. legalize  - ``LegalizeOps``, ``AnnotateTIROpPattern``, ``AnnotateMapPattern`` (mapping
                classes of paper 004 on every PrimFunc), ``FoldConstant``
 3. fuse      - ``DPFuseOps`` (mapping-type rules + plan search of paper 004) + ``FuseTIR``;
@@ -38,9 +39,14 @@ def _is_gpu(target: tvm.target.Target) -> bool:
 
 
 def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
-    """Phase 1: library dispatch before legalization."""
-    del options
-    return list(relax.pipeline.library_dispatch_passes(target))
+    """Phase 1: +Graph identification and warehouse library calls (``dispatch``), then TVM's
+    own library dispatch for the target."""
+    passes: list[tvm.transform.Pass] = []
+    if options.dispatch:
+        from .passes import PlusDispatch, SimplifyViews
+
+        passes += [PlusDispatch(extra_dirs=options.warehouse), SimplifyViews()]
+    return passes + list(relax.pipeline.library_dispatch_passes(target))
 
 
 def legalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:

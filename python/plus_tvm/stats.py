@@ -11,6 +11,8 @@ Definitions (DESIGN.md section 3):
 
 from __future__ import annotations
 
+import json
+
 import re
 from collections import Counter
 
@@ -137,8 +139,12 @@ class FusionRecorder:
         self.fusion_passes = fusion_passes
         self.groups: list[dict[str, object]] = []
         self.explain: list[str] | None = None
+        self.dispatch: dict[str, object] | None = None
 
     def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+        if info.name == "PlusDispatch":
+            report = mod.attrs.get("plus.dispatch") if mod.attrs is not None else None
+            self.dispatch = json.loads(str(report)) if report is not None else None
         if info.name in self.fusion_passes:
             self.groups = fused_groups(mod)
             notes = mod.attrs.get("plus.fusion_explain") if mod.attrs is not None else None

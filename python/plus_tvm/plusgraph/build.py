@@ -110,9 +110,18 @@ def _sources(expr: tvm.ir.Expr) -> frozenset[int]:
     return frozenset(load.source.id_ for load in _loads(expr))
 
 
-def _access(tensor: str, indices: list, positions: dict[int, int]) -> Access:
-    dims = tuple(positions.get(i.id_) if isinstance(i, tirx.Var) else None for i in indices)
-    return Access(tensor, dims)
+def _access(
+    tensor: str, indices: list, positions: dict[int, int], analyzer: tvm.sym.Analyzer
+) -> Access:
+    """Which iterator indexes each dimension bare. Indices are simplified under the iterator
+    ranges first: a legalized reshape that only inserts or drops unit dimensions indexes with
+    ``(i * 16 + j) // 16``-style expressions that fold back to ``i``."""
+    dims: list[int | None] = []
+    for index in indices:
+        if not isinstance(index, tirx.Var):
+            index = analyzer.simplify(index)
+        dims.append(positions.get(index.id_) if isinstance(index, tirx.Var) else None)
+    return Access(tensor, tuple(dims))
 
 
 def basic_ops(func: tirx.PrimFunc, names: list[str], prefix: str) -> list[BasicOp]:
@@ -136,13 +145,16 @@ def basic_ops(func: tirx.PrimFunc, names: list[str], prefix: str) -> list[BasicO
             continue
         iters = [iv for iv in block.iter_vars if not _is_unit(iv)]
         positions = {iv.var.id_: k for k, iv in enumerate(iters)}
+        analyzer = tvm.sym.Analyzer()
+        for iv in block.iter_vars:
+            analyzer.bind(iv.var, iv.dom)
         reduce = tuple(int(iv.iter_type) == _REDUCE for iv in iters)
         ops: list[str] = []
         reads: list[Access] = []
         writes: list[Access] = []
         for store in stores:
             own = store.buffer.id_
-            writes.append(_access(name(store.buffer), list(store.indices), positions))
+            writes.append(_access(name(store.buffer), list(store.indices), positions, analyzer))
             if any(reduce):
                 op = _reduce_op(store.value, own)
                 if op not in ops:
@@ -153,7 +165,7 @@ def basic_ops(func: tirx.PrimFunc, names: list[str], prefix: str) -> list[BasicO
             for load in _loads(store.value):
                 if load.source.id_ == own:
                     continue
-                reads.append(_access(name(load.source), list(load.indices), positions))
+                reads.append(_access(name(load.source), list(load.indices), positions, analyzer))
         result.append(
             BasicOp(
                 name=f"{prefix}.{block.name_hint}",
@@ -212,7 +224,7 @@ class PlusGraphBuilder:
         for pos in order:
             size, red, cand = op.sizes[pos], op.reduce[pos], cands[pos]
             siblings = self._roots if parent is None else parent.children
-            ok = cand is not None and cand.parent is parent and cand.size == size
+            ok = cand is not None and _below(cand, parent) and cand.size == size
             if prologue:
                 # the producer's loop is prev_loop: a reduction in it cannot merge (3)
                 ok = ok and not red
@@ -297,6 +309,18 @@ class PlusGraphBuilder:
         clone._writer = {t: {d: mapping[id(l)] for d, l in m.items()} for t, m in self._writer.items()}
         clone._reader = {t: {d: mapping[id(l)] for d, l in m.items()} for t, m in self._reader.items()}
         return clone
+
+
+def _below(loop: _Loop, ancestor: _Loop | None) -> bool:
+    """``loop`` is nested (at any depth) in ``ancestor`` (None: the forest)."""
+    if ancestor is None:
+        return True
+    node = loop.parent
+    while node is not None:
+        if node is ancestor:
+            return True
+        node = node.parent
+    return False
 
 
 def _freeze(loop: _Loop, freeze_child=None) -> PlusLoop:  # noqa: ANN001

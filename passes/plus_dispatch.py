@@ -1,0 +1,200 @@
+"""PlusDispatch: subgraphs matched in the pattern warehouse become library calls (phase 1).
+
+Per dataflow block: build the operator graph with each operator's +Loops (from its legalized
+TIR), identify subgraphs from skeleton operators (algorithms 1-2 of PluS), and for each match
+try the entries it fully matches, best first, and their implementations for the target in
+order (an implementation's ``when`` condition routes by size). A binder turns the subgraph into
+``R.call_dps_packed("plus.<kernel>", args + [config])``; what the binder does not absorb stays
+as Relax operators, and everything unmatched flows on to legalization and fusion. The
+dispatcher keeps TIR where the cost model predicts it faster.
+
+A report (per entry: matched subgraphs and chosen implementations; declined subgraphs and why)
+is stored as the module attribute ``plus.dispatch`` (JSON) for ``plus_tvm.inspect``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import tvm
+from tvm import relax
+
+from ..costmodel import DispatchCost, predict_library_us, predict_tir_us, work_of
+from ..dispatch.binders import BINDERS, Ctx, LibraryCall
+from ..dispatch.identify import Identifier
+from ..dispatch.opgraph import OpGraph
+
+
+@tvm.transform.module_pass(opt_level=0, name="PlusDispatch")
+class PlusDispatch:
+    """Match warehouse patterns and call library kernels for them.
+
+    Parameters
+    ----------
+    warehouse : Warehouse, optional
+        Entries to match; default: ``load_warehouse(extra_dirs)``.
+    extra_dirs : tuple of str
+        User entry folders (``Options.warehouse``).
+    cost : DispatchCost or None
+        Throughputs for the library-vs-TIR choice; ``None`` always takes the library.
+    """
+
+    def __init__(self, warehouse=None, extra_dirs: tuple[str, ...] = (), cost=DispatchCost()):  # noqa: ANN001, B008
+        self.warehouse = warehouse
+        self.extra_dirs = tuple(extra_dirs)
+        self.cost = cost
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        from ..pattern_warehouse import load_warehouse
+
+        warehouse = self.warehouse or load_warehouse(self.extra_dirs)
+        target = tvm.target.Target.current(allow_none=True)
+        kind = target.kind.name if target is not None else "llvm"
+        report = _Report()
+        cache: dict = {}
+        functions = {}
+        changed = False
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function) and not _is_primitive(func):
+                new = _rewrite_function(func, mod, warehouse, kind, self.cost, report, cache)
+                if new is not func:
+                    changed = True
+                    func = new
+            functions[gvar] = func
+        if not changed:
+            return mod.with_attr("plus.dispatch", report.to_json()) if report.matched else mod
+        out = tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+        out = relax.transform.DeadCodeElimination()(out)
+        return out.with_attr("plus.dispatch", report.to_json())
+
+
+class _Report:
+    def __init__(self) -> None:
+        self.matched: Counter = Counter()
+        self.library: Counter = Counter()  # entry -> library calls
+        self.chosen: dict[str, Counter] = {}
+        self.declined: Counter = Counter()
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "matched": dict(self.matched),
+                "library": dict(self.library),
+                "implementations": {k: dict(v) for k, v in self.chosen.items()},
+                "declined": dict(self.declined),
+            },
+            sort_keys=True,
+        )
+
+
+def _is_primitive(func: relax.Function) -> bool:
+    return bool(func.attrs is not None and func.attrs.get("Primitive", False))
+
+
+def _weights(func: relax.Function) -> set[int]:
+    num_input = func.attrs.get("num_input") if func.attrs is not None else None
+    if num_input is None:
+        return set()
+    return {p.id_ for p in list(func.params)[int(num_input) :]}
+
+
+def _rewrite_function(func, mod, warehouse, kind, cost, report, cache):  # noqa: ANN001, ANN202
+    weights = _weights(func)
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return func
+    blocks = []
+    changed = False
+    for block in body.blocks:
+        if isinstance(block, relax.DataflowBlock):
+            new = _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights)
+            changed |= new is not block
+            block = new
+        blocks.append(block)
+    if not changed:
+        return func
+    return relax.Function(
+        func.params, relax.SeqExpr(blocks, body.body), func.ret_ty, func.is_pure, func.attrs
+    )
+
+
+def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights):  # noqa: ANN001, ANN202, PLR0913
+    graph = OpGraph(block, mod, cache)
+    matches = Identifier(graph, list(warehouse.entries)).run()
+    calls: dict[int, LibraryCall] = {}
+    for match in matches:
+        ctx = Ctx(graph, match.members, weights)
+        report.matched[match.entries[0].name] += 1
+        chosen = _choose(match, ctx, graph, kind, cost, report)
+        if chosen is not None:
+            entry, impl, call = chosen
+            calls[call.final] = call
+            report.library[entry.name] += 1
+            report.chosen.setdefault(entry.name, Counter())[impl.name] += 1
+    if not calls:
+        return block
+    bb = relax.BlockBuilder()
+    bindings = []
+    for index, binding in enumerate(block.bindings):
+        call = calls.get(index)
+        if call is None:
+            bindings.append(binding)
+            continue
+        for var, value in call.pre:
+            value = bb.normalize(value)
+            pre_var = relax.DataflowVar(var.name, value.ty)
+            call.args = [pre_var if a.same_as(var) else a for a in call.args]
+            bindings.append(relax.VarBinding(pre_var, value))
+        args = [*call.args, tvm.ir.StringImm(call.config_text())]
+        final_ty = binding.var.ty
+        if call.out_shape is None:
+            value = relax.call_dps_packed(call.kernel, args, out_ty=final_ty)
+            bindings.append(relax.VarBinding(binding.var, bb.normalize(value)))
+            continue
+        out_ty = relax.TensorType(call.out_shape, final_ty.dtype)
+        out_var = relax.DataflowVar("plus_out", out_ty)
+        value = relax.call_dps_packed(call.kernel, args, out_ty=out_ty)
+        bindings.append(relax.VarBinding(out_var, bb.normalize(value)))
+        view = relax.op.reshape(out_var, final_ty.shape)
+        bindings.append(relax.VarBinding(binding.var, bb.normalize(view)))
+    return relax.DataflowBlock(bindings)
+
+
+def _choose(match, ctx, graph, kind, cost, report):  # noqa: ANN001, ANN202
+    dtypes = {str(graph.nodes[i].var.ty.dtype) for i in match.members}
+    for entry in match.entries:
+        if not entry.constraints.admits(dtypes, match.sizes):
+            report.declined[f"{entry.name}: constraints"] += 1
+            continue
+        for impl in entry.candidates(kind):
+            verdict = impl.evaluate(match.sizes)
+            if verdict is False or (verdict is None and impl.when is not None):
+                continue
+            binder = BINDERS.get(impl.name)
+            call = binder(ctx, match.members) if binder is not None else None
+            if call is None:
+                report.declined[f"{entry.name}: {impl.name} cannot express it"] += 1
+                continue
+            if cost is not None and not _library_pays(call, match, cost):
+                report.declined[f"{entry.name}: TIR predicted faster"] += 1
+                return None
+            return entry, impl, call
+    return None
+
+
+def _library_pays(call: LibraryCall, match, cost: DispatchCost) -> bool:  # noqa: ANN001
+    flops = work_of(match.graph)
+    if flops is None:
+        return True  # symbolic sizes: sized at run time, assume large
+    nbytes = 0.0
+    for arg in call.args:
+        ty = arg.ty
+        if isinstance(ty, relax.TensorType) and ty.shape is not None:
+            n = 1
+            for d in ty.shape.values:
+                if not isinstance(d, tvm.tirx.IntImm):
+                    return True
+                n *= int(d)
+            nbytes += n * tvm.runtime.DataType(str(ty.dtype)).bits / 8
+    return predict_library_us(cost, flops, nbytes) < predict_tir_us(cost, flops, nbytes)

@@ -1,0 +1,53 @@
+"""Library call or TIR? A roofline-style prediction per matched subgraph.
+
+The work of a subgraph is read off its +Graph: every ``dot`` loop contributes two flops per
+point of its loop nest; the bytes are those of the library call's tensors. A library call
+costs the measured VM -> Python -> library crossing (``runtime.call_overhead_us``) plus its
+work at the library's throughput; the TIR alternative costs the same work at the throughput of
+the kernels the rest of the pipeline generates (``tir_gflops`` / ``tir_gbps``: untuned CPU TIR
+reaches well under 1 GFLOP/s on a GEMM). The dispatcher keeps TIR when it is predicted faster:
+tiny GEMMs, where the crossing dominates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plusgraph import PlusGraph, PlusLoop
+
+
+def work_of(graph: PlusGraph) -> float | None:
+    """Flops of the ``dot`` loops of ``graph``; None when a size is symbolic."""
+    total = 0.0
+
+    def walk(loop: PlusLoop, extent: float) -> bool:
+        nonlocal total
+        if not isinstance(loop.size, int):
+            return False
+        extent *= loop.size
+        if "dot" in loop.ops:
+            total += 2.0 * extent
+        return all(walk(c, extent) for c in loop.children)
+
+    if not all(walk(r, 1.0) for r in graph.roots):
+        return None
+    return total
+
+
+@dataclass(frozen=True)
+class DispatchCost:
+    """Throughput figures of both sides (defaults: this project's 2-core CPU measurements)."""
+
+    overhead_us: float = 15.0
+    library_gflops: float = 300.0
+    library_gbps: float = 10.0
+    tir_gflops: float = 0.3
+    tir_gbps: float = 1.0
+
+
+def predict_library_us(cost: DispatchCost, flops: float, nbytes: float) -> float:
+    return cost.overhead_us + max(flops / (cost.library_gflops * 1e3), nbytes / (cost.library_gbps * 1e3))
+
+
+def predict_tir_us(cost: DispatchCost, flops: float, nbytes: float) -> float:
+    return max(flops / (cost.tir_gflops * 1e3), nbytes / (cost.tir_gbps * 1e3))

@@ -1,0 +1,145 @@
+"""Attention binder (``torch.sdpa``): permute + matmul + scale + mask + softmax + matmul +
+permute (PluS S1/S6) as one ``plus.attention`` call.
+
+The scale (a multiply or divide by a scalar), the additive mask and the head permutes of the
+inputs and the output become kernel parameters (``scale``, ``mask``, ``layout`` /
+``out_layout``); whatever computes the mask stays as TIR before the call.
+"""
+
+from __future__ import annotations
+
+from tvm import relax
+
+from .common import Ctx, LibraryCall, permute_axes, shape_of
+
+_VIEWS = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.broadcast_to"}
+
+
+def _strip_views(ctx: Ctx, expr: relax.Expr) -> relax.Expr:
+    while True:
+        found = ctx.block_call(expr)
+        if found is None or ctx.op(found[0]) not in _VIEWS:
+            return expr
+        src = found[1].args[0]
+        if _numel(src) != _numel(ctx.var(found[0])):
+            return expr  # a real broadcast
+        expr = src
+
+
+def _numel(expr: relax.Expr) -> int | None:
+    shape = shape_of(expr)
+    if not shape or any(d is None for d in shape):
+        return None
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def _head_input(ctx: Ctx, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr] | None:
+    """(bshd tensor or None, bhsd tensor) behind an attention operand."""
+    t = _strip_views(ctx, expr)
+    if len(shape_of(t)) != 4:
+        return None
+    found = ctx.block_call(t)
+    if found is not None and ctx.op(found[0]) == "relax.permute_dims":
+        if permute_axes(found[1]) == [0, 2, 1, 3]:
+            return found[1].args[0], t
+    return None, t
+
+
+def _next(ctx: Ctx, cur: int, absorbed: list[int]) -> int | None:
+    return ctx.sole_consumer(cur, absorbed)
+
+
+def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
+    m1 = next((i for i in members if ctx.op(i) == "relax.matmul"), None)
+    if m1 is None:
+        return None
+    c1 = ctx.call(m1)
+    q = _head_input(ctx, c1.args[0])
+    kt = _strip_views(ctx, c1.args[1])
+    found = ctx.block_call(kt)
+    if q is None or found is None or ctx.op(found[0]) != "relax.permute_dims":
+        return None
+    if permute_axes(found[1]) != [0, 1, 3, 2]:
+        return None
+    k = _head_input(ctx, found[1].args[0])
+    if k is None:
+        return None
+    absorbed = [m1]
+    cur = m1
+    scale = 1.0
+    mask = None
+    seen_softmax = False
+    m2 = None
+    while m2 is None:
+        nxt = _next(ctx, cur, absorbed)
+        if nxt is None:
+            return None
+        op, call = ctx.op(nxt), ctx.call(nxt)
+        if op in _VIEWS and _numel(call.args[0]) == _numel(ctx.var(nxt)):
+            pass
+        elif op in ("relax.multiply", "relax.divide") and not seen_softmax and mask is None:
+            other = call.args[1] if call.args[0].same_as(ctx.var(cur)) else call.args[0]
+            c = ctx.is_scalar_const(other)
+            if c is None or (op == "relax.divide" and not call.args[0].same_as(ctx.var(cur))):
+                return None
+            scale = scale * c if op == "relax.multiply" else scale / c
+        elif op == "relax.add" and not seen_softmax and mask is None:
+            other = call.args[1] if call.args[0].same_as(ctx.var(cur)) else call.args[0]
+            if len(shape_of(other)) != 4 or not ctx.defined_before(other, nxt):
+                return None
+            mask = other
+        elif op == "relax.nn.softmax" and not seen_softmax:
+            rank = len(shape_of(ctx.var(nxt)))
+            if int(call.attrs.axis) not in (-1, rank - 1):
+                return None
+            seen_softmax = True
+        elif op == "relax.matmul" and seen_softmax:
+            if not _strip_views(ctx, call.args[0]).same_as(ctx.var(cur)) and not call.args[
+                0
+            ].same_as(ctx.var(cur)):
+                return None
+            m2 = nxt
+        else:
+            return None
+        absorbed.append(nxt)
+        cur = nxt
+    v = _head_input(ctx, ctx.call(m2).args[1])
+    if v is None:
+        return None
+    out_layout = "bhsd"
+    while True:
+        nxt = _next(ctx, cur, absorbed)
+        if nxt is None:
+            break
+        op, call = ctx.op(nxt), ctx.call(nxt)
+        if op in _VIEWS and _numel(call.args[0]) == _numel(ctx.var(nxt)) and out_layout == "bhsd":
+            if len(shape_of(ctx.var(nxt))) not in (3, 4):
+                break
+        elif op == "relax.permute_dims" and permute_axes(call) == [0, 2, 1, 3] and len(
+            shape_of(ctx.var(cur))
+        ) == 4 and out_layout == "bhsd":
+            out_layout = "bshd"
+        else:
+            break
+        absorbed.append(nxt)
+        cur = nxt
+    if len(shape_of(ctx.var(cur))) != 4:
+        return None
+    if all(t[0] is not None for t in (q, k, v)):
+        layout, tensors = "bshd", [q[0], k[0], v[0]]
+    else:
+        layout, tensors = "bhsd", [q[1], k[1], v[1]]
+    if any(not ctx.defined_before(t, cur) or t.same_as(ctx.var(cur)) for t in tensors):
+        return None
+    cfg = {
+        "layout": layout,
+        "out_layout": out_layout,
+        "scale": float(scale),
+        "causal": False,
+        "mask": mask is not None,
+    }
+    args = [*tensors] + ([mask] if mask is not None else [])
+    return LibraryCall("plus.attention", args, cfg, cur, absorbed)

@@ -1,0 +1,164 @@
+"""What every binder shares: reading the matched subgraph's Relax bindings.
+
+A binder turns an identified subgraph into one library call. It walks the Relax operators of
+the subgraph from its skeleton, takes the trivial operations the library has parameters for
+(bias, activation, residual, scale, mask, gamma / beta, layouts) and stops at the first one it
+cannot express. What it does not absorb stays as Relax operators around the call and is
+generated as TIR by the rest of the pipeline. An absorbed value that is also used outside the
+absorbed set is never hidden: the binder stops before it (the call's output must be the only
+way the absorbed values leave).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from ..opgraph import OpGraph
+
+VIEW_OPS = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten"}
+ACTIVATIONS = {
+    "relax.nn.relu": "relu",
+    "relax.nn.gelu": "gelu",
+    "relax.nn.gelu_tanh": "gelu_tanh",
+    "relax.nn.silu": "silu",
+    "relax.sigmoid": "sigmoid",
+    "relax.tanh": "tanh",
+}
+
+
+@dataclass
+class LibraryCall:
+    """The rewrite a binder asks for: ``final`` (a binding index) becomes
+    ``call_dps_packed(kernel, args + [config])``, after the extra ``pre`` bindings."""
+
+    kernel: str
+    args: list[relax.Expr]
+    config: dict[str, object]
+    final: int
+    absorbed: list[int]
+    pre: list[tuple[relax.Var, relax.Expr]] = field(default_factory=list)
+    #: the kernel's own output shape when the final value is a view of it (reshaped after)
+    out_shape: list | None = None
+
+    def config_text(self) -> str:
+        def fmt(v: object) -> str:
+            if isinstance(v, bool):
+                return str(int(v))
+            if isinstance(v, float):
+                return repr(v)
+            if isinstance(v, (tuple, list)):
+                return ",".join(str(int(x)) for x in v)
+            return str(v)
+
+        return ";".join(f"{k}={fmt(v)}" for k, v in sorted(self.config.items()))
+
+
+class Ctx:
+    """Read access to the block of a match for binders."""
+
+    def __init__(self, graph: OpGraph, members: tuple[int, ...], weights: set[int]) -> None:
+        self.g = graph
+        self.members = set(members)
+        self.weights = weights  # var ids of function parameters that are weights
+
+    # --- bindings -------------------------------------------------------------------------
+    def index(self, expr: relax.Expr) -> int | None:
+        return self.g.by_var.get(expr.id_) if isinstance(expr, relax.Var) else None
+
+    def call(self, index: int) -> relax.Call | None:
+        return self.g.nodes[index].call
+
+    def op(self, index: int) -> str:
+        return self.g.nodes[index].op_name
+
+    def member_call(self, expr: relax.Expr) -> tuple[int, relax.Call] | None:
+        """(index, call) when ``expr`` is bound in the subgraph by an operator call."""
+        i = self.index(expr)
+        if i is None or i not in self.members or self.g.nodes[i].call is None:
+            return None
+        return i, self.g.nodes[i].call
+
+    def block_call(self, expr: relax.Expr) -> tuple[int, relax.Call] | None:
+        """(index, call) when ``expr`` is bound by an operator call anywhere in the block
+        (reading through a value never changes what it is)."""
+        i = self.index(expr)
+        if i is None or self.g.nodes[i].call is None:
+            return None
+        return i, self.g.nodes[i].call
+
+    def sole_consumer(self, index: int, absorbed: list[int]) -> int | None:
+        """The member consuming ``index`` when it is the value's only use."""
+        node = self.g.nodes[index]
+        if index in self.g.outside_uses or len(node.consumers) != 1:
+            return None
+        c = node.consumers[0]
+        if c not in self.members or c in absorbed:
+            return None
+        return c
+
+    def var(self, index: int) -> relax.Var:
+        return self.g.nodes[index].var
+
+    # --- values ---------------------------------------------------------------------------
+    def is_weight(self, expr: relax.Expr) -> bool:
+        return isinstance(expr, tvm.ir.expr.Constant) or (
+            isinstance(expr, relax.Var) and expr.id_ in self.weights
+        )
+
+    def is_scalar_const(self, expr: relax.Expr) -> float | None:
+        if isinstance(expr, tvm.ir.expr.Constant):
+            arr = expr.value.numpy()
+            if arr.size == 1:
+                return float(arr.reshape(()))
+        return None
+
+    def defined_before(self, expr: relax.Expr, position: int) -> bool:
+        """``expr`` is available at binding ``position`` (a parameter, a constant or an
+        earlier binding)."""
+        i = self.index(expr)
+        return i is None or i < position
+
+
+def shape_of(expr: relax.Expr) -> list[int | None]:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return []
+    return [int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in ty.shape.values]
+
+
+def dtype_of(expr: relax.Expr) -> str:
+    return str(expr.ty.dtype)
+
+
+def same_shape(a: relax.Expr, b: relax.Expr) -> bool:
+    sa, sb = a.ty.shape, b.ty.shape
+    if sa is None or sb is None or len(sa.values) != len(sb.values):
+        return False
+    return all(tvm_ffi.structural_equal(x, y) for x, y in zip(sa.values, sb.values))
+
+
+def last_dim(expr: relax.Expr) -> object:
+    return expr.ty.shape.values[-1]
+
+
+def is_view_keeping_last(ctx: Ctx, index: int) -> bool:
+    """A reshape-like op that keeps the innermost dimension (a free view for a row kernel)."""
+    if ctx.op(index) not in VIEW_OPS:
+        return False
+    call = ctx.call(index)
+    src, dst = call.args[0], ctx.var(index)
+    try:
+        return tvm_ffi.structural_equal(last_dim(src), last_dim(dst))
+    except (AttributeError, IndexError):
+        return False
+
+
+def permute_axes(call: relax.Call) -> list[int] | None:
+    axes = call.attrs.axes if call.attrs is not None else None
+    if axes is None:
+        return None
+    return [int(a) for a in axes]

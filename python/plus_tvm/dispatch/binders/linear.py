@@ -1,0 +1,148 @@
+"""GEMM binders: ``torch.linear`` (bias / activation / residual epilogues) and
+``torch.linear_layernorm`` (GEMM + bias + residual + LayerNorm, PluS S2/S4)."""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm import relax
+
+from .common import ACTIVATIONS, Ctx, LibraryCall, is_view_keeping_last, same_shape, shape_of
+
+
+def _weight_operand(ctx: Ctx, rhs: relax.Expr) -> tuple[relax.Expr, str] | None:
+    """The weight behind a matmul's right operand: ``W`` as [K, N] or ``permute(W)`` of an
+    nn.Linear weight [N, K]."""
+    if ctx.is_weight(rhs) and len(shape_of(rhs)) == 2:
+        return rhs, "kn"
+    found = ctx.member_call(rhs)
+    if found is not None and ctx.op(found[0]) == "relax.permute_dims":
+        w = found[1].args[0]
+        axes = found[1].attrs.axes
+        if ctx.is_weight(w) and len(shape_of(w)) == 2 and (axes is None or list(map(int, axes)) == [1, 0]):
+            return w, "nk"
+    return None
+
+
+def _find_gemm(ctx: Ctx, members: tuple[int, ...]) -> tuple[int, relax.Expr, relax.Expr, str] | None:
+    for i in members:
+        if ctx.op(i) != "relax.matmul":
+            continue
+        call = ctx.call(i)
+        if call.attrs.out_dtype not in (None, "", "void") and str(call.attrs.out_dtype) != str(
+            ctx.var(i).ty.dtype
+        ):
+            continue
+        found = _weight_operand(ctx, call.args[1])
+        if found is not None and len(shape_of(call.args[0])) >= 2:
+            return i, call.args[0], found[0], found[1]
+    return None
+
+
+def _epilogue(ctx: Ctx, start: int, members: tuple[int, ...], with_norm: bool) -> LibraryCall | None:
+    gemm = _find_gemm(ctx, members)
+    if gemm is None:
+        return None
+    index, x, w, layout = gemm
+    n = shape_of(w)[0 if layout == "nk" else 1]
+    cfg: dict[str, object] = {"w": layout, "bias": False, "residual": False}
+    if not with_norm:
+        cfg["act"] = "none"
+    args: list[relax.Expr] = [x, w]
+    bias = residual = None
+    act = "none"
+    absorbed = [index]
+    cur = index
+    norm = None
+    while True:
+        nxt = ctx.sole_consumer(cur, absorbed)
+        if nxt is None:
+            break
+        op = ctx.op(nxt)
+        call = ctx.call(nxt)
+        if is_view_keeping_last(ctx, nxt):
+            absorbed.append(nxt)
+            cur = nxt
+            continue
+        if op == "relax.add":
+            a, b = call.args
+            other = b if a.same_as(ctx.var(cur)) else a
+            if other.same_as(ctx.var(cur)):
+                break
+            oshape = shape_of(other)
+            if (
+                bias is None and residual is None and act == "none" and ctx.is_weight(other)
+                and oshape and oshape[-1] == n and all(d == 1 for d in oshape[:-1])
+            ):
+                bias = other
+            elif residual is None and same_shape(other, ctx.var(nxt)) and ctx.defined_before(other, nxt):
+                residual = other
+            else:
+                break
+            absorbed.append(nxt)
+            cur = nxt
+            continue
+        if op in ACTIVATIONS and not with_norm and act == "none" and residual is None:
+            act = ACTIVATIONS[op]
+            absorbed.append(nxt)
+            cur = nxt
+            continue
+        if op == "relax.nn.layer_norm" and with_norm:
+            axes = [int(a) for a in call.attrs.axes]
+            rank = len(shape_of(ctx.var(nxt)))
+            if axes not in ([-1], [rank - 1]):
+                break
+            norm = (nxt, call)
+            absorbed.append(nxt)
+            cur = nxt
+        break
+    if with_norm and norm is None:
+        return None
+    if bias is not None:
+        cfg["bias"] = True
+        if len(shape_of(bias)) != 1:
+            bias_var = relax.Var("plus_bias", relax.TensorType([n], bias.ty.dtype))
+            pre = [(bias_var, relax.op.reshape(bias, [n]))]
+            bias = bias_var
+        else:
+            pre = []
+        args.append(bias)
+    else:
+        pre = []
+    if residual is not None:
+        cfg["residual"] = True
+        rows = shape_of(x)[:-1]
+        if shape_of(residual)[:-1] != rows and all(d is not None for d in rows):
+            # present the residual with the GEMM's row shape (a view): [1, S, N] -> [S, N]
+            r = relax.Var("plus_residual", relax.TensorType([*rows, n], residual.ty.dtype))
+            pre.append((r, relax.op.reshape(residual, [*rows, n])))
+            residual = r
+        args.append(residual)
+    if with_norm:
+        _, ncall = norm
+        gamma, beta = ncall.args[1], ncall.args[2]
+        cfg.update(gamma=bool(ncall.attrs.scale), beta=bool(ncall.attrs.center))
+        cfg["eps"] = float(ncall.attrs.epsilon)
+        if ncall.attrs.scale:
+            args.append(gamma)
+        if ncall.attrs.center:
+            args.append(beta)
+        kernel = "plus.linear_layernorm"
+    else:
+        cfg["act"] = act
+        kernel = "plus.linear"
+    del start
+    rows = list(x.ty.shape.values[:-1])
+    out_shape = [*rows, n]
+    final_shape = list(ctx.var(cur).ty.shape.values)
+    same = len(final_shape) == len(out_shape) and all(
+        tvm_ffi.structural_equal(a, b) for a, b in zip(final_shape, out_shape)
+    )
+    return LibraryCall(kernel, args, cfg, cur, absorbed, pre, None if same else out_shape)
+
+
+def bind_linear(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
+    return _epilogue(ctx, members[0], members, with_norm=False)
+
+
+def bind_linear_layernorm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
+    return _epilogue(ctx, members[0], members, with_norm=True)

@@ -1,0 +1,174 @@
+"""Subgraph identification from skeleton operators (paper 000, §4.2, algorithms 1 and 2).
+
+Algorithm 1 takes unfused operators in program order: the first *skeleton operator* (one with
+a non-parallelizable +Loop, e.g. a matmul or a reduction) or, when none is left, the first
+*root* (no unfused producer), and grows a subgraph from it with algorithm 2:
+
+- prologues: while some producer of the subgraph keeps it a (partial) match of a warehouse
+  pattern that allows prologues, fuse it;
+- epilogues: while some consumer keeps it a (partial) match of a pattern that allows
+  epilogues, fuse it, then try the producers of that consumer's other inputs (line 9-11:
+  after ``matmul + add`` the producer of the added tensor).
+
+After each step the subgraph is checked against the warehouse (``Matching``): a *full* match
+archives it as the latest successful subgraph; a *partial* match lets the extension go on;
+neither rejects the candidate. The final subgraph of a skeleton operator is the last archived
+one; operators in it leave ``unfused_ops``. Epilogue fusion wins over prologue fusion simply
+because operators are visited in program order, so an operator is claimed as the epilogue of
+an earlier skeleton before a later one can take it as a prologue; an operator whose outputs
+feed both a fused consumer and others stays where it is and its value is computed again by
+the others (the greedy multi-output rule).
+
+Every extension keeps the subgraph convex (no path leaves it and comes back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plusgraph import PlusGraph, PlusGraphBuilder, full_match, partial_match
+from .opgraph import OpGraph
+
+
+@dataclass(frozen=True)
+class Match:
+    """An identified subgraph: members in program order and the entries it fully matches."""
+
+    members: tuple[int, ...]
+    entries: tuple[object, ...]  # WarehouseEntry, best first
+    graph: PlusGraph
+    sizes: dict
+
+
+class Identifier:
+    """Runs algorithms 1-2 over one ``OpGraph`` against a list of warehouse entries."""
+
+    def __init__(self, graph: OpGraph, entries: list, max_members: int = 64) -> None:
+        self.g = graph
+        self.entries = entries
+        self.max_members = max_members
+
+    # --------------------------------------------------------------------------- algorithm 1
+    def run(self) -> list[Match]:
+        unfused = [n.index for n in self.g.nodes if n.fusible]
+        unfused_set = set(unfused)
+        matches: list[Match] = []
+        while unfused:
+            start = next((i for i in unfused if self._is_skeleton(i)), None)
+            if start is None:
+                start = next(
+                    (i for i in unfused if not any(p in unfused_set for p in self.g.nodes[i].inputs)),
+                    unfused[0],
+                )
+            found = self._match_from(start, unfused_set)
+            taken = set(found.members) if found is not None else {start}
+            if found is not None:
+                matches.append(found)
+            unfused = [i for i in unfused if i not in taken]
+            unfused_set -= taken
+        return matches
+
+    def _is_skeleton(self, index: int) -> bool:
+        return any(op.is_skeleton for op in self.g.nodes[index].basic)
+
+    # --------------------------------------------------------------------------- algorithm 2
+    def _match_from(self, start: int, unfused: set[int]) -> Match | None:
+        builder = PlusGraphBuilder()
+        for op in self.g.nodes[start].basic:
+            builder.add(op)
+        members = [start]
+        state = self._state(builder)
+        if state is None:
+            return None
+        archived = self._archive(members, builder, state)
+        rejected: set[int] = set()
+
+        def try_add(index: int, prologue: bool) -> bool:
+            nonlocal builder, state, archived
+            if index in rejected or index in members or index not in unfused:
+                return False
+            if len(members) >= self.max_members or not self._convex(members, index):
+                return False
+            allowed = [
+                e for e in state[0] if (e.allow_prologue if prologue else e.allow_epilogue)
+            ]
+            if not allowed:
+                return False
+            trial = builder.copy()
+            ops = self.g.nodes[index].basic
+            for op in reversed(ops) if prologue else ops:
+                trial.add(op, prologue=prologue)
+            trial_state = self._state(trial, allowed)
+            if trial_state is None:
+                rejected.add(index)
+                return False
+            builder, state = trial, trial_state
+            members.append(index)
+            archived = self._archive(members, builder, state) or archived
+            return True
+
+        progress = True
+        while progress:  # prologues (lines 1-4)
+            progress = any(try_add(p, True) for p in self._producers(members))
+        progress = True
+        while progress:  # epilogues, then the producers of each epilogue (lines 5-11)
+            progress = False
+            for c in self._consumers(members):
+                if try_add(c, False):
+                    progress = True
+                    for p in self.g.nodes[c].inputs:
+                        try_add(p, True)
+                    break
+        return archived
+
+    def _state(self, builder: PlusGraphBuilder, entries: list | None = None):  # noqa: ANN202
+        """(entries still reachable, entries fully matched with their size bindings)."""
+        graph = builder.graph()
+        pool = self.entries if entries is None else entries
+        partial = [e for e in pool if partial_match(e.graph, graph) is not None]
+        if not partial:
+            return None
+        full = [(e, b) for e in partial if (b := full_match(e.graph, graph)) is not None]
+        return partial, full, graph
+
+    def _archive(self, members: list[int], builder: PlusGraphBuilder, state) -> Match | None:  # noqa: ANN001
+        _, full, graph = state
+        if not full:
+            return None
+        order = tuple(sorted(members))
+        return Match(order, tuple(e for e, _ in full), graph, dict(full[0][1]))
+
+    # ----------------------------------------------------------------------------- structure
+    def _producers(self, members: list[int]) -> list[int]:
+        seen: list[int] = []
+        for m in sorted(members, reverse=True):
+            for p in self.g.nodes[m].inputs:
+                if p not in members and p not in seen:
+                    seen.append(p)
+        return seen
+
+    def _consumers(self, members: list[int]) -> list[int]:
+        seen: list[int] = []
+        for m in sorted(members):
+            for c in self.g.nodes[m].consumers:
+                if c not in members and c not in seen:
+                    seen.append(c)
+        return sorted(seen)
+
+    def _convex(self, members: list[int], new: int) -> bool:
+        """Adding ``new`` keeps the set convex: no path between two members through an
+        outsider."""
+        group = set(members) | {new}
+        lo = min(group)
+        hi = max(group)
+        # outsiders reachable from the group (forward), within the index window
+        reach: set[int] = set()
+        stack = [c for m in group for c in self.g.nodes[m].consumers if c not in group]
+        while stack:
+            i = stack.pop()
+            if i in reach or i > hi:
+                continue
+            reach.add(i)
+            stack.extend(self.g.nodes[i].consumers)
+        del lo
+        return not any(p in reach for m in group for p in self.g.nodes[m].inputs)
