@@ -359,11 +359,14 @@ def test_prepack_once_and_no_collisions():
     tx, t1, t2 = (tvm.runtime.tensor(t.numpy()) for t in (x, w1, w2))
     packs = cache.packs
     close(torch.from_numpy(fn(tx, t1).numpy()), F.linear(x, w1))
-    assert cache.packs == packs + 1
+    assert cache.packs == packs  # first sighting: plain weight, nothing packed
+    close(torch.from_numpy(fn(tx, t1).numpy()), F.linear(x, w1))
+    assert cache.packs == packs + 1  # seen again: packed once
     for _ in range(3):
         close(torch.from_numpy(fn(tx, t1).numpy()), F.linear(x, w1))
     assert cache.packs == packs + 1  # not re-packed
-    close(torch.from_numpy(fn(tx, t2).numpy()), F.linear(x, w2))  # a different weight
+    for _ in range(2):
+        close(torch.from_numpy(fn(tx, t2).numpy()), F.linear(x, w2))  # a different weight
     assert cache.packs == packs + 2
     close(torch.from_numpy(fn(tx, t1).numpy()), F.linear(x, w1))
     assert cache.packs == packs + 2 and len(cache) == 2
@@ -372,7 +375,7 @@ def test_prepack_once_and_no_collisions():
 
 
 def test_prepack_cache_keys_and_keeps_source_alive():
-    cache = rt.PrepackCache("test")
+    cache = rt.PrepackCache("test", pack_after=1)
     w = torch.randn(4, 4)
     calls = []
 
@@ -385,7 +388,35 @@ def test_prepack_cache_keys_and_keeps_source_alive():
     cache.get(w, ("v", "kn"), pack)  # another variant of the same weight
     cache.get(w.t(), ("v", "nk"), pack)  # same pointer, other strides
     assert cache.packs == 3 and len(calls) == 3
-    assert all(entry[0] is not None for entry in cache.entries.values())
+    assert all(
+        entry[0] is w or entry[0].data_ptr() == w.data_ptr() for entry in cache.entries.values()
+    )
+    assert cache.bytes == 3 * 16 * 4
+
+
+def test_prepack_cache_budget_drops_least_recently_used():
+    cache = rt.PrepackCache(
+        "test", budget_bytes=2 * 64, pack_after=1
+    )  # room for two 4x4 fp32 packs
+    a, b, c = torch.randn(4, 4), torch.randn(4, 4), torch.randn(4, 4)
+    pack = torch.clone
+    cache.get(a, ("v",), pack)
+    cache.get(b, ("v",), pack)
+    cache.get(a, ("v",), pack)  # a is now the most recently used
+    cache.get(c, ("v",), pack)  # evicts b
+    assert len(cache) == 2 and cache.bytes == 128
+    cache.get(a, ("v",), pack)
+    assert cache.packs == 3
+    cache.get(b, ("v",), pack)
+    assert cache.packs == 4
+
+
+def test_fresh_weight_every_call_is_never_packed():
+    cache = rt.PrepackCache("test")
+    weights = [torch.randn(4, 4) for _ in range(5)]  # alive, so no address is recycled
+    for w in weights:
+        assert cache.get(w, ("v",), torch.clone) is None
+    assert cache.packs == 0 and len(cache) == 0
 
 
 def test_conv2d_prepack_once():
@@ -474,3 +505,33 @@ def test_numpy_interop_of_outputs():
     got = run("softmax", [x], "scale=2", (2, 3))
     assert isinstance(got, torch.Tensor)
     np.testing.assert_allclose(got.numpy(), torch.softmax(x * 2, -1).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_kernels(dtype):
+    tdt = getattr(torch, dtype)
+    x, w, b = rand(4, 32).to(tdt), rand(16, 32).to(tdt), rand(16).to(tdt)
+
+    def run_half(kernel, inputs, config, shape):
+        fn = compile_call(kernel, inputs, config, shape, dtype)
+        args = [tvm.runtime.from_dlpack(t.contiguous()) for t in inputs]
+        return torch.from_dlpack(fn(*args)).clone().float()
+
+    def near(got, want):
+        torch.testing.assert_close(got, want.float(), rtol=3e-2, atol=3e-2)
+
+    near(run_half("linear", [x, w, b], "bias=1;act=gelu", (4, 16)), F.gelu(F.linear(x, w, b)))
+    q, k, v = (rand(1, 2, 8, 16).to(tdt) for _ in range(3))
+    near(
+        run_half("attention", [q, k, v], "causal=1", (1, 2, 8, 16)),
+        F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    )
+    g = rand(32).to(tdt)
+    near(run_half("layer_norm", [x, g], "gamma=1", (4, 32)), F.layer_norm(x, (32,), g))
+    near(run_half("rms_norm", [x, g], "gamma=1", (4, 32)), F.rms_norm(x, (32,), g, 1e-6))
+    near(run_half("softmax", [x], "", (4, 32)), torch.softmax(x, -1))
+    xc, wc = rand(1, 4, 6, 6).to(tdt), rand(8, 4, 3, 3).to(tdt)
+    near(
+        run_half("conv2d", [xc, wc], "padding=1;act=relu", (1, 8, 6, 6)),
+        F.relu(F.conv2d(xc, wc, None, 1, 1)),
+    )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections import namedtuple
+from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -254,6 +254,10 @@ STREAMS = _Streams()
 # prepacked weights
 
 
+PREPACK_BUDGET_ENV = "PLUS_TVM_PREPACK_MB"
+PREPACK_BUDGET_MB = 4096
+
+
 class PrepackCache:
     """Weights reordered once into the library's blocked layout, keyed by identity.
 
@@ -261,17 +265,36 @@ class PrepackCache:
     packing (kernel, weight layout, attributes). Each entry keeps a reference to the source
     tensor, so its memory cannot be freed and reused by another tensor while the entry lives.
 
-    Weights are packed on first use. A weight mutated in place after its first call is NOT
-    re-packed (the cache cannot see the change); call :func:`plus_tvm.runtime.clear_caches`
-    after mutating weights, or emit ``prepack=0`` for weights computed at run time (the VM
-    reuses activation storage, so a computed "weight" changes under a fixed address).
+    A weight is packed the second time it is seen (the first call runs on the plain weight,
+    which oneDNN takes at about 90% of the packed speed): a caller that passes a fresh weight
+    tensor on every call then never pays for packing nor grows the cache, while a model's
+    parameters are packed once, at their second call, and never again. A weight mutated in
+    place after it was packed is NOT re-packed (the cache cannot see the change): call
+    :func:`plus_tvm.runtime.clear_caches` after mutating weights, or emit ``prepack=0`` for
+    weights computed at run time (the VM reuses activation storage, so a computed "weight"
+    changes under a fixed address).
+
+    The packed bytes are bounded (``PLUS_TVM_PREPACK_MB``, default 4096 MiB): past the budget
+    the least recently used entries are dropped (and re-packed if seen again), so that a
+    long-running process that builds many models does not keep every old weight alive.
     """
 
-    def __init__(self, name: str) -> None:
+    SEEN_LIMIT = 4096
+
+    def __init__(self, name: str, budget_bytes: int | None = None, pack_after: int = 2) -> None:
         self.name = name
-        self.entries: dict[tuple, tuple[torch.Tensor, Any]] = {}
+        self.entries: OrderedDict[tuple, tuple[torch.Tensor, Any, int]] = OrderedDict()
+        # keys seen fewer than ``pack_after`` times (no reference kept: a new tensor at a
+        # recycled address only gets packed one call early, which is harmless)
+        self.seen: OrderedDict[tuple, int] = OrderedDict()
+        self.pack_after = pack_after
         self.packs = 0
         self.hits = 0
+        self.bytes = 0
+        if budget_bytes is None:
+            value = os.environ.get(PREPACK_BUDGET_ENV, "").strip()
+            budget_bytes = int(float(value or PREPACK_BUDGET_MB) * (1 << 20))
+        self.budget_bytes = budget_bytes
 
     @staticmethod
     def key(tensor: torch.Tensor, variant: tuple) -> tuple:
@@ -286,24 +309,43 @@ class PrepackCache:
         )
 
     def get(self, tensor: torch.Tensor, variant: tuple, pack: Callable[[torch.Tensor], Any]):
-        """The packed form of ``tensor``, packing it with ``pack`` on the first request."""
+        """The packed form of ``tensor``, or ``None`` while it has been seen too few times.
+
+        ``pack`` runs once per (tensor, variant), at its ``pack_after``-th request.
+        """
         key = self.key(tensor, variant)
         entry = self.entries.get(key)
         if entry is not None:
             self.hits += 1
+            self.entries.move_to_end(key)
             return entry[1]
+        count = self.seen.pop(key, 0) + 1
+        if count < self.pack_after:
+            self.seen[key] = count
+            if len(self.seen) > self.SEEN_LIMIT:
+                self.seen.popitem(last=False)
+            return None
         packed = pack(tensor)
         self.packs += 1
-        self.entries[key] = (tensor, packed)
+        size = packed.numel() * packed.element_size() if isinstance(packed, torch.Tensor) else 0
+        self.entries[key] = (tensor, packed, size)
+        self.bytes += size
+        while self.bytes > self.budget_bytes and len(self.entries) > 1:
+            _, (_, _, dropped) = self.entries.popitem(last=False)
+            self.bytes -= dropped
         return packed
 
     def discard(self, tensor: torch.Tensor, variant: tuple) -> None:
         """Drop the entry of ``tensor`` packed as ``variant``, if any."""
-        self.entries.pop(self.key(tensor, variant), None)
+        entry = self.entries.pop(self.key(tensor, variant), None)
+        if entry is not None:
+            self.bytes -= entry[2]
 
     def clear(self) -> None:
         """Drop every entry (and the references to the source tensors)."""
         self.entries.clear()
+        self.seen.clear()
+        self.bytes = 0
 
     def __len__(self) -> int:
         return len(self.entries)

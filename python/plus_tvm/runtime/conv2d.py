@@ -137,6 +137,8 @@ class Conv2d(LibraryKernel):
             )
 
         wp = self.cache.get(w, variant, pack)
+        if wp is None:  # not seen often enough yet: oneDNN takes the plain OIHW weight too
+            wp = w.contiguous()
         if residual is not None and cfg.act == "none":
             y = torch.ops.mkldnn._convolution_pointwise.binary(
                 x,

@@ -46,13 +46,17 @@ LINEAR_SPEC = ConfigSpec(
 
 
 def packed_linear_weight(cache: PrepackCache, w: torch.Tensor, layout: str, rows: int):
-    """``w`` as oneDNN's prepacked ``[N, K]`` weight, packed once per weight (cached)."""
+    """``w`` as oneDNN's prepacked ``[N, K]`` weight (cached), or the plain ``[N, K]`` weight
+    while the cache has not yet seen it often enough to pack it."""
 
     def pack(weight: torch.Tensor) -> torch.Tensor:
         nk = weight if layout == "nk" else weight.t()
         return torch.ops.mkldnn._reorder_linear_weight(nk.contiguous(), rows)
 
-    return cache.get(w, ("linear", layout), pack)
+    packed = cache.get(w, ("linear", layout), pack)
+    if packed is None:
+        return (w if layout == "nk" else w.t()).contiguous()
+    return packed
 
 
 def onednn_linear(
