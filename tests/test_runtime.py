@@ -442,6 +442,8 @@ def test_overhead_and_gflops_figures():
     assert rt.call_overhead_us() == us  # measured once
     assert rt.library_gflops("plus.linear", "cuda") > rt.library_gflops("plus.linear", "llvm") > 1
     assert rt.physical_cores() >= 1
+    small, big = rt.library_time_us("plus.linear", 2e3), rt.library_time_us("plus.linear", 6e8)
+    assert small == pytest.approx(us, abs=0.1) and big > small + 100
 
 
 def test_threads_env(monkeypatch):

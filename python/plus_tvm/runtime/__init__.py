@@ -34,7 +34,7 @@ from .layer_norm import LayerNorm
 from .linear import Linear
 from .linear_layernorm import LinearLayerNorm
 from .matmul import Matmul
-from .perf import call_overhead_us, library_gflops
+from .perf import call_overhead_us, library_gflops, library_time_us
 from .rms_norm import RMSNorm
 from .softmax import Softmax
 
@@ -81,6 +81,7 @@ __all__ = [
     "call_overhead_us",
     "clear_caches",
     "library_gflops",
+    "library_time_us",
     "physical_cores",
     "register",
 ]

@@ -100,6 +100,23 @@ class ConfigSpec:
         self.parse = functools.lru_cache(maxsize=1024)(self._parse)
 
     def _parse(self, text: str) -> tuple:
+        """Parse ``key=value;...`` (see :meth:`parse`, the cached entry point).
+
+        Parameters
+        ----------
+        text : str
+            The config string; empty items are ignored, absent keys take their default.
+
+        Returns
+        -------
+        tuple
+            A named tuple with one field per key.
+
+        Raises
+        ------
+        ValueError
+            Naming the kernel and the key, for an unknown key or a bad value.
+        """
         values = {name: f.default for name, f in self.fields.items()}
         for item in str(text).split(";"):
             item = item.strip()
@@ -138,6 +155,11 @@ def physical_cores() -> int:
 
     TVM's thread pool honours ``TVM_NUM_THREADS``, then ``OMP_NUM_THREADS``, then the number of
     physical cores; the same order is used here.
+
+    Returns
+    -------
+    int
+        The thread count, at least 1.
     """
     for env in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(env, "").strip()
@@ -311,7 +333,20 @@ class PrepackCache:
     def get(self, tensor: torch.Tensor, variant: tuple, pack: Callable[[torch.Tensor], Any]):
         """The packed form of ``tensor``, or ``None`` while it has been seen too few times.
 
-        ``pack`` runs once per (tensor, variant), at its ``pack_after``-th request.
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            The weight as the kernel received it.
+        variant : tuple
+            What the packing depends on besides the tensor (kernel, layout, attributes).
+        pack : callable
+            ``pack(tensor)`` returns the packed form; it runs once per (tensor, variant), at
+            the ``pack_after``-th request.
+
+        Returns
+        -------
+        object or None
+            The cached packed form, or ``None``: use the plain tensor for this call.
         """
         key = self.key(tensor, variant)
         entry = self.entries.get(key)
@@ -472,6 +507,21 @@ class LibraryKernel:
                 self.run(cfg, inputs, out_t)
 
     def call(self, *inputs: torch.Tensor, config: str = "", out: torch.Tensor) -> torch.Tensor:
-        """Run the kernel on torch tensors directly (no VM); returns ``out``."""
+        """Run the kernel on torch tensors directly (no VM), as the VM would.
+
+        Parameters
+        ----------
+        *inputs : torch.Tensor
+            The tensor inputs, optional ones included as ``config`` says.
+        config : str
+            ``key=value`` pairs joined by ``;``.
+        out : torch.Tensor
+            The preallocated output, written in place.
+
+        Returns
+        -------
+        torch.Tensor
+            ``out``.
+        """
         self(*inputs, config, out)
         return out

@@ -197,3 +197,25 @@ def library_gflops(kernel: str, target_kind: str = "llvm") -> float:
         GFLOP/s.
     """
     return MEASURED.library_gflops(kernel, target_kind)
+
+
+def library_time_us(kernel: str, flops: float, target_kind: str = "llvm") -> float:
+    """Predicted time of one library call, for comparing against a TIR kernel's estimate.
+
+    Parameters
+    ----------
+    kernel : str
+        The ``plus.*`` kernel name.
+    flops : float
+        Floating-point operations of the call (``2*M*K*N`` for a GEMM).
+    target_kind : str
+        ``"llvm"`` or ``"cuda"``.
+
+    Returns
+    -------
+    float
+        ``call_overhead_us() + flops / library_gflops(kernel, target_kind) / 1e3``
+        microseconds (the overhead is the CPU-side crossing; on CUDA it overlaps with device
+        work unless the call is on the critical path).
+    """
+    return call_overhead_us() + flops / library_gflops(kernel, target_kind) / 1e3
