@@ -272,9 +272,9 @@ def main() -> None:
         f"runtime.call_overhead_us() = {rt.call_overhead_us():.1f} us"
     )
     print(
-        "library_gflops(llvm): "
+        "library_gflops(llvm, measure=True): "
         + ", ".join(
-            f"{k} {rt.library_gflops(k, 'llvm'):.0f}"
+            f"{k} {rt.library_gflops(k, 'llvm', measure=True):.0f}"
             for k in (
                 "plus.linear",
                 "plus.linear_layernorm",

@@ -441,6 +441,7 @@ def test_overhead_and_gflops_figures():
     assert 0.0 <= us < 1000.0
     assert rt.call_overhead_us() == us  # measured once
     assert rt.library_gflops("plus.linear", "cuda") > rt.library_gflops("plus.linear", "llvm") > 1
+    assert rt.library_gflops("plus.matmul", "llvm", measure=True) > 1  # a real measurement
     assert rt.physical_cores() >= 1
     small, big = rt.library_time_us("plus.linear", 2e3), rt.library_time_us("plus.linear", 6e8)
     assert small == pytest.approx(us, abs=0.1) and big > small + 100

@@ -390,10 +390,18 @@ class PrepackCache:
 # kernels
 
 
+# torch's capsule importer: 0.45 us a tensor against 1.15 us for ``torch.from_dlpack``, which
+# negotiates the protocol version and stream on every call. No stream hand-off is needed: on
+# CUDA the kernels run on TVM's own current stream. Falls back to the public API if absent.
+_FROM_CAPSULE = getattr(torch._C, "_from_dlpack", None)
+
+
 def to_torch(tensor: Any) -> torch.Tensor:
     """A zero-copy torch view of a TVM tensor (torch tensors pass through)."""
     if isinstance(tensor, torch.Tensor):
         return tensor
+    if _FROM_CAPSULE is not None:
+        return _FROM_CAPSULE(tensor.__dlpack__())
     return torch.from_dlpack(tensor)
 
 
