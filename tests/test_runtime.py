@@ -320,6 +320,11 @@ def test_bad_config_direct_and_wrong_input_count():
         spec.parse("scale=big")
     with pytest.raises(Exception, match=r"plus\.linear.*implies 3 tensor inputs"):
         run("linear", [rand(2, 4), rand(3, 4)], "bias=1", (2, 3))
+    with pytest.raises(Exception, match=r"plus\.attention.*additive float mask"):
+        q = rand(1, 1, 2, 4)
+        rt.KERNELS["plus.attention"].call(
+            q, q, q, torch.ones(1, 1, 2, 2, dtype=torch.bool), config="mask=1", out=q.clone()
+        )
     with pytest.raises(Exception, match=r"plus\.softmax.*last axis"):
         run("softmax", [rand(2, 4)], "axis=0", (2, 4))
 

@@ -51,6 +51,10 @@ class Attention(LibraryKernel):
                 raise ValueError(
                     f"{self.name}: q, k, v must be 4-D ({cfg.layout}), got shape {tuple(t.shape)}"
                 )
+        if cfg.mask and not inputs[3].is_floating_point():
+            raise ValueError(
+                f"{self.name}: the mask must be an additive float mask, got {inputs[3].dtype}"
+            )
 
     def out_shape(self, cfg, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
         q, v = inputs[0], inputs[2]
