@@ -121,17 +121,35 @@ def _rewrite_function(func, mod, warehouse, kind, cost, report, cache):  # noqa:
 
 def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights):  # noqa: ANN001, ANN202, PLR0913
     graph = OpGraph(block, mod, cache)
-    matches = Identifier(graph, list(warehouse.entries)).run()
     calls: dict[int, LibraryCall] = {}
-    for match in matches:
-        ctx = Ctx(graph, match.members, weights)
-        report.matched[match.entries[0].name] += 1
-        chosen = _choose(match, ctx, graph, kind, cost, report)
-        if chosen is not None:
+    absorbed: set[int] = set()
+    seen: set[tuple[int, ...]] = set()
+    # Round 1 identifies from every operator; an operator a library call did not absorb (a
+    # subgraph fell back to a smaller archived state, or was declined) may join a subgraph of
+    # another skeleton in the next round.
+    for _round in range(3):
+        matches = Identifier(graph, list(warehouse.entries), exclude=absorbed).run()
+        new_calls = 0
+        for match in matches:
+            if match.members not in seen:
+                seen.add(match.members)
+                report.matched[match.entries[0].name] += 1
+            for state in (match, *match.fallbacks):
+                ctx = Ctx(graph, state.members, weights)
+                chosen = _choose(state, ctx, graph, kind, cost, report)
+                if chosen is not None:
+                    break
+            if chosen is None or chosen[2].final in calls:
+                continue
+            seen.add(chosen[2].final)
             entry, impl, call = chosen
             calls[call.final] = call
+            absorbed.update(call.absorbed)
+            new_calls += 1
             report.library[entry.name] += 1
             report.chosen.setdefault(entry.name, Counter())[impl.name] += 1
+        if not new_calls:
+            break
     if not calls:
         return block
     bb = relax.BlockBuilder()
@@ -142,10 +160,7 @@ def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights):  
             bindings.append(binding)
             continue
         for var, value in call.pre:
-            value = bb.normalize(value)
-            pre_var = relax.DataflowVar(var.name, value.ty)
-            call.args = [pre_var if a.same_as(var) else a for a in call.args]
-            bindings.append(relax.VarBinding(pre_var, value))
+            bindings.append(relax.VarBinding(var, value))
         args = [*call.args, tvm.ir.StringImm(call.config_text())]
         final_ty = binding.var.ty
         if call.out_shape is None:

@@ -194,6 +194,11 @@ class Bench:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = _cores()
         opts.inter_op_num_threads = 1
+        if os.environ.get("PLUS_TVM_ORT_SPIN", "0") != "1":
+            # Backends share the cores in one process: a pool that keeps spinning after its
+            # run steals them from the next backend's run (measured: plus 71 ms alone, 102 ms
+            # right after spinning ORT runs). PLUS_TVM_ORT_SPIN=1 restores ORT's default.
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sess = ort.InferenceSession(
             proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
         )

@@ -38,19 +38,25 @@ class Match:
     entries: tuple[object, ...]  # WarehouseEntry, best first
     graph: PlusGraph
     sizes: dict
+    #: earlier archived states of the same extension, latest first: when no implementation
+    #: can express this subgraph, the dispatcher falls back to the largest one that can
+    fallbacks: tuple[Match, ...] = ()
 
 
 class Identifier:
     """Runs algorithms 1-2 over one ``OpGraph`` against a list of warehouse entries."""
 
-    def __init__(self, graph: OpGraph, entries: list, max_members: int = 64) -> None:
+    def __init__(
+        self, graph: OpGraph, entries: list, max_members: int = 64, exclude: set[int] = frozenset()
+    ) -> None:
         self.g = graph
         self.entries = entries
         self.max_members = max_members
+        self.exclude = exclude
 
     # --------------------------------------------------------------------------- algorithm 1
     def run(self) -> list[Match]:
-        unfused = [n.index for n in self.g.nodes if n.fusible]
+        unfused = [n.index for n in self.g.nodes if n.fusible and n.index not in self.exclude]
         unfused_set = set(unfused)
         matches: list[Match] = []
         while unfused:
@@ -82,6 +88,7 @@ class Identifier:
             return None
         archived = self._archive(members, builder, state)
         rejected: set[int] = set()
+        history: list[Match] = []
 
         def try_add(index: int, prologue: bool) -> bool:
             nonlocal builder, state, archived
@@ -104,7 +111,11 @@ class Identifier:
                 return False
             builder, state = trial, trial_state
             members.append(index)
-            archived = self._archive(members, builder, state) or archived
+            latest = self._archive(members, builder, state)
+            if latest is not None:
+                if archived is not None:
+                    history.insert(0, archived)
+                archived = latest
             return True
 
         progress = True
@@ -119,7 +130,9 @@ class Identifier:
                     for p in self.g.nodes[c].inputs:
                         try_add(p, True)
                     break
-        return archived
+        if archived is None:
+            return None
+        return Match(archived.members, archived.entries, archived.graph, archived.sizes, tuple(history))
 
     def _state(self, builder: PlusGraphBuilder, entries: list | None = None):  # noqa: ANN202
         """(entries still reachable, entries fully matched with their size bindings)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tvm import relax
 
-from .common import Ctx, LibraryCall, permute_axes, shape_of
+from .common import Ctx, LibraryCall, permute_axes, pre_binding, shape_of
 
 _VIEWS = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.broadcast_to"}
 
@@ -70,7 +70,7 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     absorbed = [m1]
     cur = m1
     scale = 1.0
-    mask = None
+    masks: list[relax.Expr] = []
     seen_softmax = False
     m2 = None
     while m2 is None:
@@ -80,17 +80,17 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         op, call = ctx.op(nxt), ctx.call(nxt)
         if op in _VIEWS and _numel(call.args[0]) == _numel(ctx.var(nxt)):
             pass
-        elif op in ("relax.multiply", "relax.divide") and not seen_softmax and mask is None:
+        elif op in ("relax.multiply", "relax.divide") and not seen_softmax and not masks:
             other = call.args[1] if call.args[0].same_as(ctx.var(cur)) else call.args[0]
             c = ctx.is_scalar_const(other)
             if c is None or (op == "relax.divide" and not call.args[0].same_as(ctx.var(cur))):
                 return None
             scale = scale * c if op == "relax.multiply" else scale / c
-        elif op == "relax.add" and not seen_softmax and mask is None:
+        elif op == "relax.add" and not seen_softmax:
             other = call.args[1] if call.args[0].same_as(ctx.var(cur)) else call.args[0]
             if len(shape_of(other)) != 4 or not ctx.defined_before(other, nxt):
                 return None
-            mask = other
+            masks.append(other)  # T5: a position bias, then the padding mask
         elif op == "relax.nn.softmax" and not seen_softmax:
             rank = len(shape_of(ctx.var(nxt)))
             if int(call.attrs.axis) not in (-1, rank - 1):
@@ -134,6 +134,12 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         layout, tensors = "bhsd", [q[1], k[1], v[1]]
     if any(not ctx.defined_before(t, cur) or t.same_as(ctx.var(cur)) for t in tensors):
         return None
+    pre: list[tuple[relax.Var, relax.Expr]] = []
+    mask = masks[0] if masks else None
+    for extra in masks[1:]:  # several additive masks are summed once, in TIR, before the call
+        binding = pre_binding("plus_mask", relax.op.add(mask, extra))
+        pre.append(binding)
+        mask = binding[0]
     cfg = {
         "layout": layout,
         "out_layout": out_layout,
@@ -142,4 +148,4 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         "mask": mask is not None,
     }
     args = [*tensors] + ([mask] if mask is not None else [])
-    return LibraryCall("plus.attention", args, cfg, cur, absorbed)
+    return LibraryCall("plus.attention", args, cfg, cur, absorbed, pre)

@@ -123,6 +123,13 @@ class Ctx:
         return i is None or i < position
 
 
+def pre_binding(name: str, expr: relax.Expr) -> tuple[relax.Var, relax.Expr]:
+    """A dataflow binding emitted before the call (a view or small TIR around the library
+    call); the variable carries the normalized type."""
+    value = relax.BlockBuilder().normalize(expr)
+    return relax.DataflowVar(name, value.ty), value
+
+
 def shape_of(expr: relax.Expr) -> list[int | None]:
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tvm import relax
 
-from .common import ACTIVATIONS, Ctx, LibraryCall, same_shape, shape_of
+from .common import ACTIVATIONS, Ctx, LibraryCall, pre_binding, same_shape, shape_of
 
 
 def bind_conv2d(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
@@ -68,9 +68,8 @@ def bind_conv2d(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
             absorbed.append(nxt)
             cur = nxt
         if bias is not None:
-            b = relax.Var("plus_bias", relax.TensorType([c_out], bias.ty.dtype))
-            pre.append((b, relax.op.reshape(bias, [c_out])))
-            args.append(b)
+            pre.append(pre_binding("plus_bias", relax.op.reshape(bias, [c_out])))
+            args.append(pre[-1][0])
             cfg["bias"] = True
         if residual is not None:
             args.append(residual)

@@ -6,7 +6,15 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import relax
 
-from .common import ACTIVATIONS, Ctx, LibraryCall, is_view_keeping_last, same_shape, shape_of
+from .common import (
+    ACTIVATIONS,
+    Ctx,
+    LibraryCall,
+    is_view_keeping_last,
+    pre_binding,
+    same_shape,
+    shape_of,
+)
 
 
 def _weight_operand(ctx: Ctx, rhs: relax.Expr) -> tuple[relax.Expr, str] | None:
@@ -100,9 +108,8 @@ def _epilogue(ctx: Ctx, start: int, members: tuple[int, ...], with_norm: bool) -
     if bias is not None:
         cfg["bias"] = True
         if len(shape_of(bias)) != 1:
-            bias_var = relax.Var("plus_bias", relax.TensorType([n], bias.ty.dtype))
-            pre = [(bias_var, relax.op.reshape(bias, [n]))]
-            bias = bias_var
+            pre = [pre_binding("plus_bias", relax.op.reshape(bias, [n]))]
+            bias = pre[0][0]
         else:
             pre = []
         args.append(bias)
@@ -113,9 +120,8 @@ def _epilogue(ctx: Ctx, start: int, members: tuple[int, ...], with_norm: bool) -
         rows = shape_of(x)[:-1]
         if shape_of(residual)[:-1] != rows and all(d is not None for d in rows):
             # present the residual with the GEMM's row shape (a view): [1, S, N] -> [S, N]
-            r = relax.Var("plus_residual", relax.TensorType([*rows, n], residual.ty.dtype))
-            pre.append((r, relax.op.reshape(residual, [*rows, n])))
-            residual = r
+            pre.append(pre_binding("plus_residual", relax.op.reshape(residual, [*rows, n])))
+            residual = pre[-1][0]
         args.append(residual)
     if with_norm:
         _, ncall = norm

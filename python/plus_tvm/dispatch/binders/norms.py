@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tvm import relax
 
-from .common import Ctx, LibraryCall, shape_of
+from .common import Ctx, LibraryCall, pre_binding, shape_of
 
 _SAME_DTYPE_CAST = "relax.astype"
 
@@ -124,9 +124,8 @@ def bind_rms_norm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
             gamma, nxt
         ):
             if len(gshape) != 1:
-                g = relax.Var("plus_gamma", relax.TensorType([n], gamma.ty.dtype))
-                pre = [(g, relax.op.reshape(gamma, [n]))]
-                gamma = g
+                pre = [pre_binding("plus_gamma", relax.op.reshape(gamma, [n]))]
+                gamma = pre[0][0]
             else:
                 pre = []
             cfg["gamma"] = True
