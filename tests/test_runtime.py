@@ -516,7 +516,7 @@ def test_numpy_interop_of_outputs():
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_kernels(dtype):
+def test_half_precision_kernels(dtype, linear_path):
     tdt = getattr(torch, dtype)
     x, w, b = rand(4, 32).to(tdt), rand(16, 32).to(tdt), rand(16).to(tdt)
 
