@@ -56,6 +56,10 @@ class Options:
         kernels was not fused: the rule, the size limit, convexity or the cost model.
     dispatch : bool
         Phase 1: identify +Graphs and dispatch them to warehouse implementations.
+    dispatch_cost_model : bool
+        Keep TIR for a matched subgraph when the cost model predicts it faster than the
+        library call (tiny GEMMs and rows, where the VM -> library crossing dominates); off:
+        every subgraph an implementation can express becomes a library call.
     warehouse : tuple of str
         Extra warehouse entry folders (``NAME.toml`` files, see ``plus_tvm.pattern_warehouse``),
         loaded after the shipped entries and the folders of ``$PLUS_TVM_WAREHOUSE``.
@@ -83,6 +87,7 @@ class Options:
     fusion_seed: int = 0
     fusion_explain: bool = False
     dispatch: bool = True
+    dispatch_cost_model: bool = True
     warehouse: tuple[str, ...] = field(default_factory=tuple)
     gir: bool = False
     gir_search_budget: int = 0
@@ -110,7 +115,7 @@ class Options:
                 f"option gir_search_budget must be a non-negative integer, "
                 f"got {self.gir_search_budget!r}"
             )
-        for name in ("dispatch", "gir", "fold_constants", "fusion_explain"):
+        for name in ("dispatch", "dispatch_cost_model", "gir", "fold_constants", "fusion_explain"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(
                     f"option {name} must be true or false, got {getattr(self, name)!r}"

@@ -45,7 +45,10 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     if options.dispatch:
         from .passes import PlusDispatch, SimplifyViews
 
-        passes += [PlusDispatch(extra_dirs=options.warehouse), SimplifyViews()]
+        from .costmodel import DispatchCost
+
+        cost = DispatchCost() if options.dispatch_cost_model else None
+        passes += [PlusDispatch(extra_dirs=options.warehouse, cost=cost), SimplifyViews()]
     return passes + list(relax.pipeline.library_dispatch_passes(target))
 
 

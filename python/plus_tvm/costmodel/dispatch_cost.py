@@ -46,7 +46,9 @@ class DispatchCost:
 
 
 def predict_library_us(cost: DispatchCost, flops: float, nbytes: float) -> float:
-    return cost.overhead_us + max(flops / (cost.library_gflops * 1e3), nbytes / (cost.library_gbps * 1e3))
+    return cost.overhead_us + max(
+        flops / (cost.library_gflops * 1e3), nbytes / (cost.library_gbps * 1e3)
+    )
 
 
 def predict_tir_us(cost: DispatchCost, flops: float, nbytes: float) -> float:

@@ -63,7 +63,11 @@ class Identifier:
             start = next((i for i in unfused if self._is_skeleton(i)), None)
             if start is None:
                 start = next(
-                    (i for i in unfused if not any(p in unfused_set for p in self.g.nodes[i].inputs)),
+                    (
+                        i
+                        for i in unfused
+                        if not any(p in unfused_set for p in self.g.nodes[i].inputs)
+                    ),
                     unfused[0],
                 )
             found = self._match_from(start, unfused_set)
@@ -96,9 +100,7 @@ class Identifier:
                 return False
             if len(members) >= self.max_members or not self._convex(members, index):
                 return False
-            allowed = [
-                e for e in state[0] if (e.allow_prologue if prologue else e.allow_epilogue)
-            ]
+            allowed = [e for e in state[0] if (e.allow_prologue if prologue else e.allow_epilogue)]
             if not allowed:
                 return False
             trial = builder.copy()
@@ -132,7 +134,9 @@ class Identifier:
                     break
         if archived is None:
             return None
-        return Match(archived.members, archived.entries, archived.graph, archived.sizes, tuple(history))
+        return Match(
+            archived.members, archived.entries, archived.graph, archived.sizes, tuple(history)
+        )
 
     def _state(self, builder: PlusGraphBuilder, entries: list | None = None):  # noqa: ANN202
         """(entries still reachable, entries fully matched with their size bindings)."""

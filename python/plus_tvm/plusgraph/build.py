@@ -100,10 +100,16 @@ def _reduce_op(value: tvm.ir.Expr, own: int) -> str:
         for side in (value.a, value.b):
             if isinstance(side, tvm.ir.TensorLoad) and side.source.id_ == own:
                 continue
-            if type(side).__name__ == "Mul" and _sources(side.a) != _sources(side.b):
+            if type(side).__name__ == "Mul" and _is_product(side):
                 return "dot"
         return "reduceSum"
     return {"Max": "reduceMax", "Min": "reduceMin", "Mul": "reduceProd"}.get(kind, "reduceSum")
+
+
+def _is_product(mul: tvm.ir.Expr) -> bool:
+    """Both factors read tensors, and not the same ones (``a[i, k] * b[k, j]``)."""
+    left, right = _sources(mul.a), _sources(mul.b)
+    return bool(left) and bool(right) and left != right
 
 
 def _sources(expr: tvm.ir.Expr) -> frozenset[int]:
@@ -298,16 +304,26 @@ class PlusGraphBuilder:
 
         def dup(loop: _Loop, parent: _Loop | None) -> _Loop:
             new = _Loop(
-                loop.size, loop.parallel, parent, list(loop.ops), [], set(loop.tensors),
-                list(loop.inputs), list(loop.outputs),
+                loop.size,
+                loop.parallel,
+                parent,
+                list(loop.ops),
+                [],
+                set(loop.tensors),
+                list(loop.inputs),
+                list(loop.outputs),
             )
             mapping[id(loop)] = new
             new.children = [dup(c, new) for c in loop.children]
             return new
 
         clone._roots = [dup(r, None) for r in self._roots]
-        clone._writer = {t: {d: mapping[id(l)] for d, l in m.items()} for t, m in self._writer.items()}
-        clone._reader = {t: {d: mapping[id(l)] for d, l in m.items()} for t, m in self._reader.items()}
+        clone._writer = {
+            t: {d: mapping[id(lp)] for d, lp in m.items()} for t, m in self._writer.items()
+        }
+        clone._reader = {
+            t: {d: mapping[id(lp)] for d, lp in m.items()} for t, m in self._reader.items()
+        }
         return clone
 
 
@@ -351,8 +367,12 @@ def collapse(graph: PlusGraph, tensors: dict[int, frozenset[str]] | None = None)
                 merged = children[0]
                 ops = tuple(dict.fromkeys(loop.ops + merged.ops))
                 return PlusLoop(
-                    _product(loop.size, merged.size), loop.parallel, ops, merged.children,
-                    merged.inputs, merged.outputs,
+                    _product(loop.size, merged.size),
+                    loop.parallel,
+                    ops,
+                    merged.children,
+                    merged.inputs,
+                    merged.outputs,
                 )
         return PlusLoop(loop.size, loop.parallel, loop.ops, children, loop.inputs, loop.outputs)
 
@@ -365,7 +385,9 @@ def _product(a: Size, b: Size) -> Size:
     return f"{a}*{b}"
 
 
-def plusgraph_of(func: tirx.PrimFunc, names: list[str] | None = None, prefix: str = "f") -> PlusGraph:
+def plusgraph_of(
+    func: tirx.PrimFunc, names: list[str] | None = None, prefix: str = "f"
+) -> PlusGraph:
     """The +Graph of one PrimFunc (all its blocks merged in program order)."""
     names = names or [getattr(p, "name", f"arg{i}") for i, p in enumerate(func.params)]
     builder = PlusGraphBuilder()

@@ -118,9 +118,12 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         if op in _VIEWS and _numel(call.args[0]) == _numel(ctx.var(nxt)) and out_layout == "bhsd":
             if len(shape_of(ctx.var(nxt))) not in (3, 4):
                 break
-        elif op == "relax.permute_dims" and permute_axes(call) == [0, 2, 1, 3] and len(
-            shape_of(ctx.var(cur))
-        ) == 4 and out_layout == "bhsd":
+        elif (
+            op == "relax.permute_dims"
+            and permute_axes(call) == [0, 2, 1, 3]
+            and len(shape_of(ctx.var(cur))) == 4
+            and out_layout == "bhsd"
+        ):
             out_layout = "bshd"
         else:
             break

@@ -51,12 +51,17 @@ def bind_conv2d(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
                 other = c.args[1] if c.args[0].same_as(ctx.var(cur)) else c.args[0]
                 oshape = shape_of(other)
                 if (
-                    bias is None and act == "none" and residual is None and ctx.is_weight(other)
+                    bias is None
+                    and act == "none"
+                    and residual is None
+                    and ctx.is_weight(other)
                     and oshape in ([1, c_out, 1, 1], [c_out, 1, 1])
                 ):
                     bias = other
-                elif residual is None and same_shape(other, ctx.var(nxt)) and ctx.defined_before(
-                    other, nxt
+                elif (
+                    residual is None
+                    and same_shape(other, ctx.var(nxt))
+                    and ctx.defined_before(other, nxt)
                 ):
                     residual = other
                 else:

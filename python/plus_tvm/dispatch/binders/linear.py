@@ -26,12 +26,18 @@ def _weight_operand(ctx: Ctx, rhs: relax.Expr) -> tuple[relax.Expr, str] | None:
     if found is not None and ctx.op(found[0]) == "relax.permute_dims":
         w = found[1].args[0]
         axes = found[1].attrs.axes
-        if ctx.is_weight(w) and len(shape_of(w)) == 2 and (axes is None or list(map(int, axes)) == [1, 0]):
+        if (
+            ctx.is_weight(w)
+            and len(shape_of(w)) == 2
+            and (axes is None or list(map(int, axes)) == [1, 0])
+        ):
             return w, "nk"
     return None
 
 
-def _find_gemm(ctx: Ctx, members: tuple[int, ...]) -> tuple[int, relax.Expr, relax.Expr, str] | None:
+def _find_gemm(
+    ctx: Ctx, members: tuple[int, ...]
+) -> tuple[int, relax.Expr, relax.Expr, str] | None:
     for i in members:
         if ctx.op(i) != "relax.matmul":
             continue
@@ -46,7 +52,9 @@ def _find_gemm(ctx: Ctx, members: tuple[int, ...]) -> tuple[int, relax.Expr, rel
     return None
 
 
-def _epilogue(ctx: Ctx, start: int, members: tuple[int, ...], with_norm: bool) -> LibraryCall | None:
+def _epilogue(
+    ctx: Ctx, start: int, members: tuple[int, ...], with_norm: bool
+) -> LibraryCall | None:
     gemm = _find_gemm(ctx, members)
     if gemm is None:
         return None
@@ -78,11 +86,20 @@ def _epilogue(ctx: Ctx, start: int, members: tuple[int, ...], with_norm: bool) -
                 break
             oshape = shape_of(other)
             if (
-                bias is None and residual is None and act == "none" and ctx.is_weight(other)
-                and oshape and oshape[-1] == n and all(d == 1 for d in oshape[:-1])
+                bias is None
+                and residual is None
+                and act == "none"
+                and ctx.is_weight(other)
+                and oshape
+                and oshape[-1] == n
+                and all(d == 1 for d in oshape[:-1])
             ):
                 bias = other
-            elif residual is None and same_shape(other, ctx.var(nxt)) and ctx.defined_before(other, nxt):
+            elif (
+                residual is None
+                and same_shape(other, ctx.var(nxt))
+                and ctx.defined_before(other, nxt)
+            ):
                 residual = other
             else:
                 break

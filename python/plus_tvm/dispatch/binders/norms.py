@@ -109,9 +109,11 @@ def bind_rms_norm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     args = [x]
     cfg: dict[str, object] = {"gamma": False, "eps": float(eps)}
     nxt = ctx.sole_consumer(cur, absorbed)
-    if nxt is not None and ctx.op(nxt) == _SAME_DTYPE_CAST and str(
-        ctx.call(nxt).args[0].ty.dtype
-    ) == str(ctx.var(nxt).ty.dtype):
+    if (
+        nxt is not None
+        and ctx.op(nxt) == _SAME_DTYPE_CAST
+        and str(ctx.call(nxt).args[0].ty.dtype) == str(ctx.var(nxt).ty.dtype)
+    ):
         absorbed.append(nxt)
         cur = nxt
         nxt = ctx.sole_consumer(cur, absorbed)
@@ -120,8 +122,11 @@ def bind_rms_norm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         gamma = call.args[1] if call.args[0].same_as(ctx.var(cur)) else call.args[0]
         gshape = shape_of(gamma)
         n = shape_of(x)[-1]
-        if gshape and gshape[-1] == n and all(d == 1 for d in gshape[:-1]) and ctx.defined_before(
-            gamma, nxt
+        if (
+            gshape
+            and gshape[-1] == n
+            and all(d == 1 for d in gshape[:-1])
+            and ctx.defined_before(gamma, nxt)
         ):
             if len(gshape) != 1:
                 pre = [pre_binding("plus_gamma", relax.op.reshape(gamma, [n]))]
