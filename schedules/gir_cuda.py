@@ -88,7 +88,8 @@ def _thread_split(sch: s_tir.Schedule, loops, threads: int):
 
 def _lower_row(sch: s_tir.Schedule, p: Plan) -> None:
     k = p.kernel
-    if "global" in p.placement.values():
+    shared = {o.output for o in p.kernel.ops if o.shared}  # inlined weights, whatever the plan
+    if any(w == "global" and t not in shared for t, w in p.placement.items()):
         raise ValueError("a materialized intermediate needs a second kernel")
     threads = p.params["threads"]
     lead = k.num_leading

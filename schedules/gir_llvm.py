@@ -125,7 +125,8 @@ def _inline_spatial(sch: s_tir.Schedule, p: Plan, keep: set[str]) -> None:
 def _lower_row(sch: s_tir.Schedule, p: Plan, level: int) -> None:
     k = p.kernel
     vector = p.params["vector"]
-    if "global" in p.placement.values():
+    shared = {o.output for o in p.kernel.ops if o.shared}  # inlined weights, whatever the plan
+    if any(w == "global" and t not in shared for t, w in p.placement.items()):
         raise ValueError("a row kernel with a materialized intermediate is not fused here")
     _inline_spatial(sch, p, keep=set())
     lead = k.num_leading
@@ -139,7 +140,9 @@ def _lower_row(sch: s_tir.Schedule, p: Plan, level: int) -> None:
         r = sch.fuse(*red) if len(red) > 1 else red[0]
         if level == 0:
             continue
-        split = _vector_split(sch, r, vector, allow_tail=level >= 2)
+        # lanes must divide the row: a predicated tail inside a vectorized rfactor block
+        # reads past the row (TVM does not mask it), so odd and symbolic rows stay scalar
+        split = _vector_split(sch, r, vector, allow_tail=False)
         if split is None or split[0] is None:
             continue
         rf = sch.rfactor(split[1], 0)
@@ -181,6 +184,20 @@ def _lower_column(sch: s_tir.Schedule, p: Plan, level: int) -> None:
     col = sch.fuse(*loops[:ns]) if ns > 1 else loops[0]
     red = loops[ns:]
     r = sch.fuse(*red) if len(red) > 1 else red[0]
+    if p.params.get("split_k"):
+        # multi-unit template: every core reduces a contiguous block of rows into a partial
+        # per column (rfactor over the unit axis), then the partials are reduced per column
+        ko, ki = sch.split(r, [p.params["split_k"], None])
+        rf = sch.rfactor(ko, 0)
+        rl = sch.get_loops(rf)  # (col, unit, row-in-block)
+        sch.reorder(rl[1], rl[2], rl[0])
+        sch.parallel(rl[1])
+        if level > 0:
+            split = _vector_split(sch, rl[0], 4 * p.params["vector"], allow_tail=level >= 2)
+            if split is not None:
+                sch.vectorize(split[1])
+        loops = sch.get_loops(block)  # (col, unit)
+        col, r = loops[0], loops[1]
     tile = p.params.get("col_tile", p.params["vector"])
     ext = _extent(sch, col)
     if ext is not None and ext <= tile:
@@ -190,6 +207,11 @@ def _lower_column(sch: s_tir.Schedule, p: Plan, level: int) -> None:
     sch.reorder(*([outer] if outer is not None else []), r, inner)
     if outer is not None:
         sch.parallel(outer)
+        # the tile's accumulators stay in registers while the reduced axis is walked
+        acc = sch.cache_write(block, 0, "local")
+        sch.reverse_compute_at(acc, outer, preserve_unit_loops=False)
+        if level > 0:
+            _vectorize_inner(sch, acc, 1, p.params["vector"], level)
     if level > 0:
         if ext is None or ext % min(tile, ext) == 0 or level >= 2:
             sch.vectorize(inner)

@@ -185,6 +185,8 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
             if ld.source.same_as(store.buffer):
                 continue  # the reduction's own accumulator
             kind = _classify(ld, store, spatial_vars)
+            if kind == "other" and red_vars and all(isinstance(i, tirx.Var) for i in ld.indices):
+                kind = "same"  # a reduction's input: the store's indices plus reduced axes
             last = ld.indices[-1] if len(ld.indices) else None
             inner = block.iter_vars[-1].var
             trailing = last is not None and inner in _vars(last)
@@ -192,14 +194,14 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
                 if any(_vars(i) & set(red_vars) for i in ld.indices):
                     trailing_reduce = False
             accesses.append(Access(names(ld.source), kind, trailing))
+        if any(a.kind == "other" for a in accesses) or _gathers(store.value):
+            return None  # gathers, slices with offsets, reshapes: not a GIR basic operator
         if red_vars:
             kind = "reduce"
         elif any(a.kind == "permute" for a in accesses):
             kind = "transpose"
         elif any(a.kind == "broadcast" for a in accesses):
             kind = "broadcast"
-        elif any(a.kind == "other" for a in accesses):
-            return None  # gathers, slices with offsets, reshapes: not a GIR basic operator
         else:
             kind = "ewise"
         flops, trans = _count_ops(store.value)
@@ -318,6 +320,21 @@ class _Names:
             name, k = f"{var.name}#{k}", k + 1
         self.known.append((var, name))
         return name
+
+
+def _gathers(expr: tvm.ir.Expr) -> bool:
+    """Whether a load's index reads memory (``a[i[v]]``)."""
+    found: list[object] = []
+
+    def visit(node: object) -> None:
+        if isinstance(node, tvm.ir.TensorLoad):
+            for idx in node.indices:
+                _walk_expr(
+                    idx, lambda n: found.append(n) if isinstance(n, tvm.ir.TensorLoad) else None
+                )
+
+    _walk_expr(expr, visit)
+    return bool(found)
 
 
 def _dtype_bytes(buffer: tirx.Var) -> int:

@@ -22,6 +22,8 @@ rewrite rules then improve.
 
 from __future__ import annotations
 
+import dataclasses
+
 from .analysis import Access, BasicOp, Kernel
 from .ir import GOp, Graph, Hierarchy, Kind, MemSlice, Parallel, Scope
 
@@ -50,6 +52,10 @@ def row_slice(kernel: Kernel, op: BasicOp, access: Access, params: dict) -> MemS
         return MemSlice(access.buffer, G, 1, 1, 1, nbytes)
     if kernel.structure == "column":
         width = params.get("col_tile", 1)
+        if params.get("split_k") and size > kernel.rows:
+            # the reduced axis split over units: each reads a contiguous block of rows
+            block = (kernel.row_len // params["split_k"]) * kernel.rows
+            return MemSlice(access.buffer, G, 1, block, block, nbytes)
         if op.kind == "reduce" and not op.trailing_reduce:
             return MemSlice(access.buffer, G, kernel.row_len, width, kernel.rows, nbytes)
         if size <= kernel.rows:
@@ -140,7 +146,24 @@ def op_graph(kernel: Kernel, op: BasicOp, parallel: Parallel, params: dict) -> G
         pro = MemSlice(op.output + ".prologue", R, 1, red_len, red_len, nbytes)
         g.add(GOp(Kind.EWISE, cur, [pro], attrs=dict(attrs, flops=op.flops - 1)))
         cur = [pro]
-    if kernel.structure == "column":
+    if kernel.structure == "column" and params.get("split_k"):
+        # multi-unit column template: a partial per unit for every column (CACHE-resident
+        # accumulators), stored, a DEVICE-scope synchronization, then the partials reduced
+        k, cols = params["split_k"], kernel.rows
+        part = MemSlice(op.output + ".partial", C, 1, cols, cols, nbytes)
+        g.add(GOp(Kind.REDUCE, cur, [part], attrs=dict(attrs, flops=1)))
+        stored = MemSlice(op.output + ".partial", G, 1, cols, cols, nbytes)
+        g.add(GOp(Kind.MOVE, [part], [stored], attrs={"block": op.block}))
+        share = max(cols // k, 1)
+        read = MemSlice(op.output + ".partial", G, k, share, cols, nbytes, version=1)
+        g.add(
+            GOp(Kind.SYNC, [stored], [read], Scope.DEVICE, attrs={"block": op.block, "final": True})
+        )
+        regs = MemSlice(op.output + ".partial", R, 1, k * share, k * share, nbytes)
+        g.add(GOp(Kind.MOVE, [read], [regs], attrs={"block": op.block}))
+        final = MemSlice(op.output, R, 1, share, share, nbytes)
+        g.add(GOp(Kind.REDUCE, [regs], [final], attrs=dict(attrs, flops=1)))
+    elif kernel.structure == "column":
         part = MemSlice(op.output, R, 1, width, width, nbytes)
         g.add(GOp(Kind.REDUCE, cur, [part], attrs=dict(attrs, flops=1)))
         final = part
@@ -197,9 +220,26 @@ def merge(kernel: Kernel, graphs: list[Graph]) -> Graph:
     stores: dict[str, MemSlice] = {}
     version = 10
     for g in graphs:
+        # slices inside one operator's graph are values of that operator only: give them
+        # versions of their own so equal-looking slices of two operators stay distinct
+        local: dict[MemSlice, MemSlice] = {}
+
+        def own(s: MemSlice, local: dict = local) -> MemSlice:
+            nonlocal version
+            if s.hierarchy is G:
+                return s
+            if s not in local:
+                version += 1
+                local[s] = dataclasses.replace(s, version=version)
+            return local[s]
+
         for node in g.nodes:
             node = GOp(
-                node.kind, list(node.inputs), list(node.outputs), node.scope, dict(node.attrs)
+                node.kind,
+                [own(s) for s in node.inputs],
+                [own(s) for s in node.outputs],
+                node.scope,
+                dict(node.attrs),
             )
             for i, s in enumerate(node.inputs):
                 if s.hierarchy is G and s.tensor in stores:

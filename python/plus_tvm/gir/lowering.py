@@ -93,6 +93,31 @@ _FAST = {
 }
 
 
+def _invariant_divisor(e: tvm.ir.Expr, inner: list) -> bool:
+    """A float division whose divisor is a load that does not depend on the ``inner``
+    (vectorized) iterators: a row scalar broadcast over the row."""
+    if not isinstance(e, tirx.Div) or not str(e.ty).startswith("float"):
+        return False
+    b = e.b
+    if not isinstance(b, tvm.ir.TensorLoad):
+        return False
+    used = set()
+    for idx in b.indices:
+        used |= {id(v) for v in _vars_of(idx)}
+    return not any(id(v) in used for v in inner)
+
+
+def _vars_of(e: tvm.ir.Expr) -> list:
+    from ..mapping.tir_analysis import _walk_expr
+
+    out: list = []
+    _walk_expr(e, lambda n: out.append(n) if isinstance(n, tirx.Var) else None)
+    return out
+
+
+_INNER: list = []  # iterators of the block being rewritten that are vectorized
+
+
 def _math(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
     """Replacement of one call, or None."""
     if not isinstance(e, tvm.ir.Call) or not isinstance(e.op, tvm.ir.Op):
@@ -103,9 +128,20 @@ def _math(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
     return None if fn is None else fn(rebuild(e.args[0]))
 
 
+def _reciprocal(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
+    """``a / s`` with ``s`` invariant in the vector loop becomes ``a * (1 / s)``: one division
+    per row instead of one per element (divisions are the slowest vector instruction)."""
+    if not _invariant_divisor(e, _INNER):
+        return None
+    one = tirx.FloatImm(str(e.ty), 1.0)
+    return tirx.Mul(rebuild(e.a), tirx.Div(one, e.b))
+
+
 def rebuild(e: tvm.ir.Expr) -> tvm.ir.Expr:
     """``e`` with float32 ``exp``/``sigmoid`` calls replaced (other nodes rebuilt as is)."""
     new = _math(e)
+    if new is None and _INNER:
+        new = _reciprocal(e)
     if new is not None:
         return new
     if isinstance(e, _BINARY):
@@ -133,7 +169,10 @@ def _has_math(e: tvm.ir.Expr) -> bool:
     from ..mapping.tir_analysis import _walk_expr
 
     hits: list[object] = []
-    _walk_expr(e, lambda n: hits.append(n) if _math_target(n) else None)
+    _walk_expr(
+        e,
+        lambda n: hits.append(n) if _math_target(n) or _invariant_divisor(n, _INNER) else None,
+    )
     return bool(hits)
 
 
@@ -147,8 +186,9 @@ def _math_target(n: object) -> bool:
 
 
 def vectorizable_math(sch: s_tir.Schedule) -> int:
-    """Rewrite float32 ``exp``/``sigmoid`` in every leaf block of ``sch``; returns how many
-    blocks changed. Works through ``ScheduleState.replace`` so block handles stay valid."""
+    """Rewrite float32 ``exp``/``sigmoid``/``tanh``/``erf`` and divisions by row scalars in
+    every block of ``sch``; returns how many blocks changed. Works through
+    ``ScheduleState.replace`` so block handles stay valid."""
     changed = 0
     for brv in sch.get_child_blocks(sch.get_sblock("root")):
         block = sch.get(brv)
@@ -156,9 +196,14 @@ def vectorizable_math(sch: s_tir.Schedule) -> int:
         if len(stores) != 1 or not isinstance(block.body, tirx.BufferStore):
             continue
         store = stores[0]
-        if not _has_math(store.value):
-            continue
-        body = tirx.BufferStore(store.buffer, rebuild(store.value), store.indices)
+        spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0]
+        _INNER[:] = spatial[-1:] if len(spatial) > 1 else []
+        try:
+            if not _has_math(store.value):
+                continue
+            body = tirx.BufferStore(store.buffer, rebuild(store.value), store.indices)
+        finally:
+            _INNER.clear()
         new = s_tir.SBlock(
             block.iter_vars,
             block.reads,

@@ -49,6 +49,9 @@ class Machine:
     transcendental: float  # element operations one transcendental costs
     line: int  # bytes of one GLOBAL transaction
     sync_ns: tuple[float, float, float, float]  # per Scope
+    page_penalty: int = 0  # bytes a GLOBAL segment costs extra when it jumps a page (CPU)
+    stack_bytes: int = 0  # CPU: row-local buffers up to this size live on the stack
+    alloc_ns: float = 0.0  # CPU: larger row-local buffers cost a workspace allocation per row
     measured: bool = False
 
     def capacity(self) -> Capacity:
@@ -84,10 +87,13 @@ def cpu_machine(target: tvm.target.Target, figures: dict | None = None) -> Machi
         unit_share=float(f["unit_share"]),
         reg_bytes=24 * lanes * 4,  # vector registers left for live data
         cache_bytes=256 * 1024,  # what one row may occupy of a core's L2 (2 MiB here)
-        gops=2.0,
-        transcendental=12.0,
+        gops=3.0,
+        transcendental=5.0,  # exp/erf mapped to polynomials (gir.lowering)
         line=64,
         sync_ns=(0.0, 1.0, 50.0, 5000.0),
+        page_penalty=256,  # the hardware prefetcher restarts on every page
+        stack_bytes=1024,  # TVM's kMaxStackAlloca
+        alloc_ns=400.0,  # TVMBackendAllocWorkspace + Free, measured on softmax rows
         measured=bool(figures),
     )
 
@@ -230,9 +236,17 @@ class Estimate:
     occupancy: float
 
 
-def _global_cost(s, line: int) -> float:
+PAGE = 4096
+
+
+def _global_cost(s, line: int, page_penalty: int = 0) -> float:
+    """Bytes a GLOBAL slice costs: whole lines for narrow segments, and a restart of the
+    hardware prefetcher for every segment that jumps a page."""
     seg = s.width * s.dtype_bytes
-    return s.num * max(seg, line) if seg < line else s.nbytes
+    cost = s.num * max(seg, line) if seg < line else s.nbytes
+    if s.num > 1 and s.stride * s.dtype_bytes >= PAGE:
+        cost += s.num * page_penalty
+    return cost
 
 
 def estimate(kernel: Kernel, g: Graph, m: Machine) -> Estimate:
@@ -240,7 +254,9 @@ def estimate(kernel: Kernel, g: Graph, m: Machine) -> Estimate:
     par = g.parallel
     groups = max(kernel.rows // max(g.params.get("rows_per_group", 1), 1), 1)
     if kernel.structure == "column":
-        groups = max(kernel.rows // max(g.params.get("col_tile", 1), 1), 1)
+        groups = g.params.get("split_k") or max(
+            kernel.rows // max(g.params.get("col_tile", 1), 1), 1
+        )
     elif kernel.structure == "elementwise":
         length = g.params.get("tile", 0) ** 2 or g.params.get("row_len", 1)
         groups = max(kernel.rows // max(length, 1), 1)
@@ -252,7 +268,7 @@ def estimate(kernel: Kernel, g: Graph, m: Machine) -> Estimate:
             for s in n.inputs + n.outputs:
                 per = 1
                 if s.hierarchy is Hierarchy.GLOBAL:
-                    cost = _global_cost(s, m.line) * per
+                    cost = _global_cost(s, m.line, m.page_penalty) * per
                     if s.shared:
                         once += cost
                         cbytes += s.nbytes
@@ -274,6 +290,13 @@ def estimate(kernel: Kernel, g: Graph, m: Machine) -> Estimate:
     lanes = par.vector * (m.lanes if par.unit == "warp" else 1)
     t_compute = ops * groups / (m.gops * 1e9 * lanes * units_busy)
     per_row_sync = sum(syncs[s] * m.sync_ns[s] for s in Scope) * 1e-9
+    if m.alloc_ns:
+        staged = {
+            (s.tensor, s.hierarchy)
+            for s in g.pinned
+            if s.tensor in kernel.intermediates and s.nbytes > m.stack_bytes
+        }
+        per_row_sync += len(staged) * m.alloc_ns * 1e-9
     t_sync = per_row_sync * groups / units_busy + syncs[Scope.DEVICE] * m.sync_ns[3] * 1e-9
     total = max(t_global, t_cache, t_compute) + t_sync
     return Estimate(total, gbytes * groups + once, cbytes * groups, sum(syncs.values()), occupancy)

@@ -98,7 +98,8 @@ def insert_sync(kernel: Kernel, g: Graph, cap: Capacity, sync: GOp) -> bool:
         dst = sy.outputs[0]
         loads = g.consumers(dst)
         reader_pattern = sy.attrs.get("reader_pattern", dst.pattern)
-        if not loads or not (dst.num == src.num or dst.num == 1):
+        inside = (dst.num - 1) * dst.stride + dst.width <= max(src.num * src.stride, src.width)
+        if not loads or not inside:
             scope = Scope.DEVICE  # re-read with another row mapping (a strided re-read)
         elif reader_pattern == src.pattern:
             scope = Scope.LANE
@@ -147,8 +148,8 @@ def swap_forward(kernel: Kernel, g: Graph, node: GOp) -> bool:
         return False
     stage = stages[0]
     staged = stage.outputs[0]
-    if staged.hierarchy is Hierarchy.REG or staged.hierarchy is Hierarchy.GLOBAL:
-        return False  # nothing to gain (REG) or another kernel's data (GLOBAL)
+    if staged.hierarchy is Hierarchy.GLOBAL or staged not in g.pinned:
+        return False  # another kernel's data (GLOBAL), or nothing staged to save
     readers = g.consumers(staged)
     if not readers or any(r.kind is not Kind.MOVE for r in readers):
         return False
@@ -289,8 +290,10 @@ def placement(kernel: Kernel, g: Graph) -> dict[str, str]:
         if s.tensor not in names:
             continue
         if s.tensor in kernel.params:
-            if s in g.pinned and s.hierarchy is Hierarchy.CACHE:
-                out[s.tensor] = "cache"
+            if s in g.pinned and s.hierarchy is not Hierarchy.GLOBAL:
+                level = "cache" if s.hierarchy is Hierarchy.CACHE else "reg"
+                if out.get(s.tensor) != "cache":
+                    out[s.tensor] = level
             continue
         if s.hierarchy is Hierarchy.GLOBAL:
             level = "global"

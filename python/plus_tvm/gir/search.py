@@ -57,6 +57,11 @@ def candidates(kernel: Kernel, m: Machine) -> list[tuple[Parallel, dict]]:
             # at equal estimates the first wins: four independent vector accumulators first
             for v, mult in itertools.product(vectors, (4, 8, 2, 1)):
                 out.append((Parallel("core", v, v), {"vector": v, "col_tile": v * mult}))
+            if m.units > 1 and kernel.row_len >= 8 * m.units and not kernel.symbolic:
+                for v in vectors:  # the reduced axis over all cores, contiguous row blocks
+                    out.append(
+                        (Parallel("core", v, v), {"vector": v, "col_tile": v, "split_k": m.units})
+                    )
         else:
             tiles = [0, 8, 16, 32, 64] if has_transpose else [0]
             last = kernel.ops[-1].spatial[-1] if kernel.ops[-1].spatial else 1

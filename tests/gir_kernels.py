@@ -1,0 +1,110 @@
+"""Memory-intensive Relax kernels for the GIR tests, fused the way the pipeline fuses them."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from plus_tvm.options import Options
+from plus_tvm.pipeline import phase_passes
+from tvm import relax
+
+KINDS = (
+    "layernorm",
+    "add_layernorm",
+    "rmsnorm",
+    "softmax",
+    "gelu",
+    "silu_mul",
+    "transpose_add",
+    "rowsum",
+    "colsum",
+    "colmean",
+    "mean_hw",
+)
+
+
+def _var(name, shape, dtype="float32"):
+    return relax.Var(name, relax.TensorType(shape, dtype))
+
+
+def build(kind: str, shape: list) -> tvm.IRModule:
+    """A Relax module with one memory-intensive kernel of ``kind`` on input ``shape``."""
+    bb = relax.BlockBuilder()
+    last = shape[-1]
+    x = _var("x", shape)
+    params = [x]
+    op = relax.op
+    with bb.function("main"):
+        with bb.dataflow():
+            if kind == "layernorm":
+                g, b = _var("g", [last]), _var("b", [last])
+                params += [g, b]
+                y = bb.emit(op.nn.layer_norm(x, g, b, axes=[-1]))
+            elif kind == "add_layernorm":
+                r, g, b = _var("r", shape), _var("g", [last]), _var("b", [last])
+                params += [r, g, b]
+                y = bb.emit(op.nn.layer_norm(bb.emit(op.add(x, r)), g, b, axes=[-1]))
+            elif kind == "rmsnorm":
+                g = _var("g", [last])
+                params += [g]
+                y = bb.emit(op.nn.rms_norm(x, g, axes=[-1]))
+            elif kind == "softmax":
+                y = bb.emit(op.nn.softmax(x, axis=-1))
+            elif kind == "gelu":
+                y = bb.emit(op.nn.gelu(x))
+            elif kind == "silu_mul":
+                r = _var("r", shape)
+                params += [r]
+                y = bb.emit(op.multiply(bb.emit(op.nn.silu(x)), r))
+            elif kind == "transpose_add":
+                r = _var("r", [shape[1], shape[0]])
+                params += [r]
+                y = bb.emit(op.add(bb.emit(op.permute_dims(x, [1, 0])), r))
+            elif kind == "rowsum":
+                y = bb.emit(op.sum(x, axis=[-1]))
+            elif kind == "colsum":
+                y = bb.emit(op.sum(x, axis=[0]))
+            elif kind == "colmean":
+                y = bb.emit(op.mean(x, axis=[0]))
+            elif kind == "mean_hw":  # global average pooling of a CNN (NCHW)
+                y = bb.emit(op.mean(x, axis=[2, 3]))
+            else:
+                raise ValueError(kind)
+            out = bb.emit_output(y)
+        bb.emit_func_output(out, params)
+    return bb.get()
+
+
+def fused_primfunc(kind: str, shape: list, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
+    """The single fused kernel that legalize + fuse make of ``build(kind, shape)``."""
+    mod = build(kind, shape)
+    with target:
+        mod = tvm.transform.Sequential(
+            phase_passes(target, Options(), phases=("legalize", "fuse"))
+        )(mod)
+    funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(funcs) == 1, f"{kind}: expected one fused kernel, got {len(funcs)}"
+    return funcs[0]
+
+
+def random_args(func: tvm.tirx.PrimFunc, sizes: dict | None = None, seed: int = 0):
+    """Random inputs (and a zero output) for ``func``'s buffer parameters."""
+    rng = np.random.default_rng(seed)
+    sizes = sizes or {}
+    arrays = []
+    for p in func.params:
+        if not hasattr(p.ty, "shape"):
+            continue
+        shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else sizes[d.name] for d in p.ty.shape]
+        arrays.append(rng.standard_normal(shape).astype("float32"))
+    arrays[-1][...] = 0
+    return arrays
+
+
+def run(func: tvm.tirx.PrimFunc, target: tvm.target.Target, arrays: list) -> np.ndarray:
+    """Compile ``func`` alone and run it; returns the output."""
+    f = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    f["main"](*args)
+    return args[-1].numpy()

@@ -1,0 +1,222 @@
+"""GIR schedule rules: numerics of every scheduled kernel against the unscheduled one (llvm),
+the pipeline's schedule phase with ``gir``, and CUDA code for sm_90 (compile only here)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from gir_kernels import build, fused_primfunc, random_args, run
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from plus_tvm.gir import plan
+from plus_tvm.options import Options
+from plus_tvm.pipeline import phase_passes
+from plus_tvm.schedules import GIRCUDA, GIRLLVM
+from plus_tvm.target import resolve_target
+
+
+@pytest.fixture(autouse=True)
+def _no_figures_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLUS_TVM_CACHE_DIR", str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def llvm():
+    return resolve_target("llvm")
+
+
+@pytest.fixture(scope="module")
+def sm90():
+    return resolve_target({"kind": "cuda", "arch": "sm_90"})
+
+
+def _check(kind, shape, target, sizes=None, tol=1e-4):
+    func = fused_primfunc(kind, shape, target)
+    sch = GIRLLVM().apply(func, target, False)
+    assert sch is not None, f"GIRLLVM declined {kind} {shape}"
+    scheduled = sch.mod["main"]
+    arrays = random_args(func, sizes)
+    want = run(func, target, arrays)
+    got = run(scheduled, target, arrays)
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale)
+    return scheduled
+
+
+# powers of two and not, rows shorter than a vector, odd rows, one-element rows
+SHAPES = [[64, 256], [33, 257], [5, 7], [3, 1000], [128, 1]]
+CASES = [
+    (k, s)
+    for k in (
+        "layernorm",
+        "add_layernorm",
+        "rmsnorm",
+        "softmax",
+        "gelu",
+        "silu_mul",
+        "rowsum",
+        "colsum",
+        "colmean",
+    )
+    for s in SHAPES
+]
+CASES += [
+    ("transpose_add", [64, 96]),
+    ("transpose_add", [7, 13]),
+    ("transpose_add", [48, 48]),
+    ("mean_hw", [2, 16, 7, 7]),
+    ("mean_hw", [1, 8, 56, 56]),
+]
+
+
+@pytest.mark.parametrize("kind, shape", CASES, ids=lambda v: str(v))
+def test_scheduled_equals_unscheduled(kind, shape, llvm):
+    _check(kind, shape, llvm)
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "softmax", "rmsnorm", "gelu", "colsum"])
+def test_symbolic_sizes(kind, llvm):
+    n = tvm.tirx.Var("n", "int64")
+    scheduled = _check(kind, [n, 96], llvm, sizes={"n": 37})
+    assert "T.parallel" in scheduled.script()
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    kind=st.sampled_from(["layernorm", "softmax", "rowsum", "colsum", "add_layernorm"]),
+    rows=st.integers(1, 70),
+    cols=st.sampled_from([1, 2, 3, 16, 31, 32, 48, 100, 128, 333]),
+)
+def test_random_shapes(kind, rows, cols, llvm):
+    _check(kind, [rows, cols], llvm)
+
+
+def test_schedule_structure(llvm):
+    """Parallel rows, vectorized inner loops, lane partials of reductions in registers."""
+    ln = _check("layernorm", [64, 768], llvm).script()
+    assert "T.parallel" in ln and "T.vectorized" in ln and "x_sum_rf" in ln
+    sm = _check("softmax", [16, 1024], llvm).script()
+    assert "T.exp(" not in sm  # mapped to vectorizable arithmetic
+    tr = _check("transpose_add", [256, 512], llvm).script()
+    assert "T.parallel" in tr and "T.vectorized" in tr
+    col = _check("colsum", [65536, 16], llvm).script()  # one tile of columns: split the rows
+    assert "T.parallel" in col and "x_red_rf" in col  # rows split over cores
+
+
+def test_rule_declines_what_it_does_not_plan(llvm):
+    from tvm.script import tirx as T  # noqa: N812
+
+    @T.prim_func(s_tir=True)
+    def gather(
+        a: T.Buffer((16, 8), "float32"), i: T.Buffer((4,), "int32"), o: T.Buffer((4, 8), "float32")
+    ):
+        for r, c in T.grid(4, 8):
+            with T.sblock("take"):
+                vr, vc = T.axis.remap("SS", [r, c])
+                o[vr, vc] = a[i[vr], vc]
+
+    assert GIRLLVM().apply(gather, llvm, False) is None
+    assert GIRLLVM().apply(gather, resolve_target({"kind": "cuda", "arch": "sm_90"}), False) is None
+
+
+def test_pipeline_schedule_phase_with_gir(llvm):
+    """``gir=True``: every memory kernel of a small block is scheduled, results unchanged."""
+    from tvm import relax
+
+    mod = build("add_layernorm", [32, 64])
+    phases = ("legalize", "fuse", "schedule")
+    with llvm:
+        on = tvm.transform.Sequential(phase_passes(llvm, Options(gir=True), phases=phases))(mod)
+        off = tvm.transform.Sequential(phase_passes(llvm, Options(gir=False), phases=phases))(mod)
+    funcs = [f for _, f in on.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert funcs and all(f.attrs.get("tirx.is_scheduled", False) for f in funcs)
+    assert not any(
+        f.attrs.get("tirx.is_scheduled", False)
+        for _, f in off.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    )
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal(s).astype("float32") for s in ([32, 64], [32, 64], [64], [64])]
+    outs = []
+    for gir in (True, False):
+        passes = phase_passes(
+            llvm, Options(gir=gir), phases=("legalize", "fuse", "schedule", "lower", "finalize")
+        )
+        ex = tvm.compile(mod, target=llvm, relax_pipeline=tvm.transform.Sequential(passes))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        outs.append(vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy())
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_options():
+    assert Options(gir=True).gir
+    assert Options.from_pairs(["gir=true", "gir_search_budget=3"]).gir_search_budget == 3
+    from plus_tvm.errors import OptionsError
+
+    with pytest.raises(OptionsError):
+        Options(gir_search_budget=-1)
+
+
+# ----------------------------------------------------------------------------------- CUDA
+def _cuda_source(kind, shape, target):
+    func = fused_primfunc(kind, shape, target)
+    sch = GIRCUDA().apply(func, target, False)
+    assert sch is not None, f"GIRCUDA declined {kind}"
+    ex = tvm.compile(
+        tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target
+    )
+    return ex.mod.imports[0].inspect_source()
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "softmax", "rmsnorm", "rowsum"])
+def test_cuda_row_kernels_use_warp_shuffles_and_shared_memory(kind, sm90):
+    src = _cuda_source(kind, [512, 768], sm90)
+    assert "__shfl_down_sync" in src or "__shfl_sync" in src  # warp-level reduction
+    if kind != "rowsum":
+        assert "__shared__" in src  # row results / staged rows shared by the block
+    assert "blockIdx.x" in src and "threadIdx.x" in src
+
+
+def test_cuda_elementwise_and_transpose(sm90):
+    src = _cuda_source("transpose_add", [1024, 512], sm90)
+    assert "__shared__" in src  # a tile staged so both global accesses are coalesced
+    src = _cuda_source("gelu", [512, 3072], sm90)
+    assert "erff" in src or "erf" in src
+
+
+def test_cuda_pipeline_tries_gir_before_dlight(sm90):
+    mod = build("softmax", [64, 1000])
+    with sm90:
+        out = tvm.transform.Sequential(
+            phase_passes(sm90, Options(gir=True), phases=("legalize", "fuse", "schedule"))
+        )(mod)
+    funcs = [f for _, f in out.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert all(f.attrs.get("tirx.is_scheduled", False) for f in funcs)
+    p = plan(fused_primfunc("softmax", [64, 1000], sm90), sm90)
+    script = funcs[0].script()
+    threads = p.params["threads"]
+    assert re.search(rf"thread_binding\((T\.int64\()?{threads}\)?, thread=\"threadIdx.x\"", script)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "kind", ["layernorm", "softmax", "rmsnorm", "gelu", "transpose_add", "rowsum", "colsum"]
+)
+def test_cuda_numerics_on_gpu(kind):
+    target = resolve_target("cuda")
+    shape = [96, 200] if kind != "transpose_add" else [64, 96]
+    func = fused_primfunc(kind, shape, target)
+    sch = GIRCUDA().apply(func, target, False)
+    assert sch is not None
+    f = tvm.compile(
+        tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target
+    )
+    arrays = random_args(func)
+    dev = tvm.cuda(0)
+    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    f["main"](*args)
+    want = run(func, resolve_target("llvm"), arrays)
+    np.testing.assert_allclose(args[-1].numpy(), want, rtol=1e-4, atol=1e-4)
