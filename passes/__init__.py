@@ -7,4 +7,11 @@ from .plus_dispatch import PlusDispatch
 from .rewrite_cuda_graph import RewriteCUDAGraph
 from .simplify_views import SimplifyViews
 
-__all__ = ["AnnotateMapPattern", "ApplyScheduleRules", "DPFuseOps", "PlusDispatch", "RewriteCUDAGraph", "SimplifyViews"]
+__all__ = [
+    "AnnotateMapPattern",
+    "ApplyScheduleRules",
+    "DPFuseOps",
+    "PlusDispatch",
+    "RewriteCUDAGraph",
+    "SimplifyViews",
+]

@@ -63,8 +63,10 @@ class PlusDispatch:
                     func = new
             functions[gvar] = func
         if not changed:
-            return mod.with_attr("plus.dispatch", report.to_json()) if report.matched else mod
+            return mod.with_attr("plus.dispatch", report.to_json())
         out = tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+        # new SeqExprs carry no type until normalized (the well-formed check needs them)
+        out = relax.transform.Normalize()(out)
         out = relax.transform.DeadCodeElimination()(out)
         return out.with_attr("plus.dispatch", report.to_json())
 

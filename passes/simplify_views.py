@@ -46,7 +46,7 @@ class SimplifyViews:
         if not changed:
             return mod
         out = tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
-        return relax.transform.CanonicalizeBindings()(out)
+        return relax.transform.CanonicalizeBindings()(relax.transform.Normalize()(out))
 
 
 def _simplify(func: relax.Function) -> relax.Function:

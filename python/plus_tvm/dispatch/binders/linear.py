@@ -132,12 +132,18 @@ def _epilogue(
         args.append(bias)
     else:
         pre = []
+    final = ctx.var(cur)
+    rows = list(final.ty.shape.values[:-1])
+    if not _same(list(x.ty.shape.values[:-1]), rows):
+        # the kernel writes the final value's own shape: present x with its rows (a view), so
+        # no reshape of the output is left behind (a function output cannot become a view)
+        k = x.ty.shape.values[-1]
+        pre.append(pre_binding("plus_x", relax.op.reshape(x, [*rows, k])))
+        args[0] = pre[-1][0]
     if residual is not None:
         cfg["residual"] = True
-        rows = shape_of(x)[:-1]
-        if shape_of(residual)[:-1] != rows and all(d is not None for d in rows):
-            # present the residual with the GEMM's row shape (a view): [1, S, N] -> [S, N]
-            pre.append(pre_binding("plus_residual", relax.op.reshape(residual, [*rows, n])))
+        if not _same(list(residual.ty.shape.values), list(final.ty.shape.values)):
+            pre.append(pre_binding("plus_residual", relax.op.reshape(residual, final.ty.shape)))
             residual = pre[-1][0]
         args.append(residual)
     if with_norm:
@@ -154,13 +160,7 @@ def _epilogue(
         cfg["act"] = act
         kernel = "plus.linear"
     del start
-    rows = list(x.ty.shape.values[:-1])
-    out_shape = [*rows, n]
-    final_shape = list(ctx.var(cur).ty.shape.values)
-    same = len(final_shape) == len(out_shape) and all(
-        tvm_ffi.structural_equal(a, b) for a, b in zip(final_shape, out_shape)
-    )
-    return LibraryCall(kernel, args, cfg, cur, absorbed, pre, None if same else out_shape)
+    return LibraryCall(kernel, args, cfg, cur, absorbed, pre)
 
 
 def bind_linear(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
@@ -169,3 +169,7 @@ def bind_linear(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
 
 def bind_linear_layernorm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     return _epilogue(ctx, members[0], members, with_norm=True)
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
