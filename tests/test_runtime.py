@@ -164,6 +164,17 @@ def test_matmul_broadcast_and_bias():
     close(run("matmul", [a, b, bias], "bias=1", (2, 3, 5, 4)), a @ b + bias)
     a2, b2 = rand(5, 7), rand(7, 4)
     close(run("matmul", [a2, b2, bias], "bias=1", (5, 4)), a2 @ b2 + bias)
+    a4, b4 = rand(2, 3, 7, 5), rand(2, 3, 7, 4)  # same batch dims, a transposed, bias
+    close(
+        run("matmul", [a4, b4, bias], "ta=1;bias=1;scale=0.5", (2, 3, 5, 4)),
+        a4.transpose(-1, -2) @ b4 * 0.5 + bias,
+    )
+    bias2 = rand(2, 3, 1, 4)  # a batched bias takes the matmul path
+    close(
+        run("matmul", [a4, b4, bias2], "ta=1;bias=1", (2, 3, 5, 4)),
+        a4.transpose(-1, -2) @ b4 + bias2,
+    )
+    close(run("matmul", [a2, b2], "scale=3", (5, 4)), a2 @ b2 * 3)  # out is an ignored input
     a3, b3 = rand(1, 3, 5, 7), rand(2, 1, 7, 4)
     close(run("matmul", [a3, b3], "", (2, 3, 5, 4)), a3 @ b3)
 

@@ -4,8 +4,10 @@ Call: ``plus.matmul(a, b, [bias], config, out)``; ``a`` is ``[..., M, K]`` (``[.
 ``ta=1``), ``b`` is ``[..., K, N]`` (``[..., N, K]`` if ``tb=1``), ``bias`` broadcasts to
 ``[..., N]``. Keys ``ta=0|1``, ``tb=0|1``, ``scale=<float>`` (default 1), ``bias=0|1``.
 
-Transposes are strided views (BLAS takes them without copying); the product is written into
-``out`` by ``torch.matmul(..., out=out)``; scale and bias are applied in place.
+Transposes are strided views (BLAS takes them without copying). With equal batch dims the
+product, the scale (``alpha``) and the bias (``beta``) are one ``addmm``/``baddbmm`` writing
+into ``out``; broadcast batch dims go through ``torch.matmul(..., out=out)`` with the scale and
+bias applied in place.
 """
 
 from __future__ import annotations
@@ -53,11 +55,31 @@ class Matmul(LibraryKernel):
             a = a.transpose(-1, -2)
         if cfg.tb:
             b = b.transpose(-1, -2)
-        if a.dim() == 2 and b.dim() == 2 and cfg.bias and cfg.scale == 1.0:
-            torch.addmm(inputs[2], a, b, out=out)
+        bias = inputs[2] if cfg.bias else None
+        # scale and bias folded into one BLAS call (alpha, beta) where the batch dims match
+        same_batch = (
+            a.shape[:-2] == b.shape[:-2]
+            and out.is_contiguous()
+            and (bias is None or bias.dim() <= 2)  # broadcasts over the flattened batch
+        )
+        if a.dim() == 2 and b.dim() == 2:
+            if bias is None:
+                torch.addmm(out, a, b, beta=0, alpha=cfg.scale, out=out)
+            else:
+                torch.addmm(bias, a, b, alpha=cfg.scale, out=out)
+            return
+        if same_batch:
+            m, n = out.shape[-2], out.shape[-1]
+            a3 = a.reshape(-1, a.shape[-2], a.shape[-1])
+            b3 = b.reshape(-1, b.shape[-2], b.shape[-1])
+            o3 = out.view(-1, m, n)
+            if bias is None:
+                torch.baddbmm(o3, a3, b3, beta=0, alpha=cfg.scale, out=o3)
+            else:
+                torch.baddbmm(bias, a3, b3, alpha=cfg.scale, out=o3)
             return
         torch.matmul(a, b, out=out)
         if cfg.scale != 1.0:
             out.mul_(cfg.scale)
-        if cfg.bias:
-            out.add_(inputs[2])
+        if bias is not None:
+            out.add_(bias)
