@@ -47,7 +47,9 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
 
         from .costmodel import DispatchCost
 
-        cost = DispatchCost() if options.dispatch_cost_model else None
+        # with GIR schedules the TIR side of memory-bound subgraphs runs near copy bandwidth
+        cost = DispatchCost(tir_gbps=8.0 if options.gir else 1.0)
+        cost = cost if options.dispatch_cost_model else None
         passes += [PlusDispatch(extra_dirs=options.warehouse, cost=cost), SimplifyViews()]
     return passes + list(relax.pipeline.library_dispatch_passes(target))
 
