@@ -24,7 +24,12 @@ from plus_tvm.pattern_warehouse import (
 SHIPPED = {
     "attention": 300,
     "gemm_layernorm": 200,
+    "conv2d_depthwise": 100,
     "conv2d_epilogue": 100,
+    "conv2d_pixel": 100,
+    "conv2d_pointwise": 100,
+    "conv2d_strided": 100,
+    "conv2d_strided_pointwise": 100,
     "gemm_epilogue": 100,
     "batch_gemm": 90,
     "layer_norm": 50,
@@ -43,7 +48,7 @@ loop0 [M, para]
 """
 
 [[implementation]]
-name = "my.gemm"
+name = "torch.linear"
 target = "llvm"
 when = "M >= 16"
 '''
@@ -72,7 +77,7 @@ def error_of(folder, **kw) -> WarehouseError:
 def test_shipped_warehouse_loads_sorted_by_priority_then_name():
     wh = load_warehouse(known_implementations=None)
     assert [e.name for e in wh] == list(SHIPPED)
-    assert len(wh) == 8 and {e.name: e.priority for e in wh} == SHIPPED
+    assert len(wh) == len(SHIPPED) and {e.name: e.priority for e in wh} == SHIPPED
     assert wh.dirs == (package_dir(),)
     for e in wh:
         assert os.path.basename(e.path) == f"{e.name}.toml"
@@ -121,11 +126,11 @@ def test_user_folders_from_options_and_env_are_loaded(tmp_path, monkeypatch):
     (a / "evil.py").write_text("raise SystemExit('executed')")
     monkeypatch.setenv(ENV_VAR, f"{b}{os.pathsep}")
     wh = load_warehouse([str(a)])
-    assert len(wh) == 10 and wh.dirs == (package_dir(), str(b), str(a))
+    assert len(wh) == len(SHIPPED) + 2 and wh.dirs == (package_dir(), str(b), str(a))
     assert wh.get("mine_a").path == str(a / "mine_a.toml")
     assert "mine_b" not in load_warehouse([str(a)], use_env=False)
     # the same folder named twice (env and options) is read once
-    assert len(load_warehouse([str(b)])) == 9
+    assert len(load_warehouse([str(b)])) == len(SHIPPED) + 1
 
 
 def test_missing_folder_is_named(tmp_path, monkeypatch):
@@ -199,11 +204,11 @@ def test_bad_entries_are_rejected_with_file_and_line(tmp_path, text, line, fragm
 
 def test_unknown_implementation_names_are_rejected_when_the_names_are_known(tmp_path):
     shipped = {i.name for e in load_warehouse() for i in e.implementations}
-    path = write(tmp_path, "mine", GOOD.format(name="mine"))
+    path = write(tmp_path, "mine", GOOD.format(name="mine").replace("torch.linear", "my.gemm"))
     err = error_of(tmp_path, known_implementations=shipped | {"my.gem"})
     assert str(err).startswith(f"{path}:11: ") and "'my.gemm'" in str(err)
     assert "did you mean my.gem" in str(err)
-    assert len(load_warehouse([str(tmp_path)], known_implementations=shipped | {"my.gemm"})) == 9
+    assert len(load_warehouse([str(tmp_path)], known_implementations=shipped | {"my.gemm"})) == len(SHIPPED) + 1
     # shipped entries are checked too
     err = error_of(tmp_path, known_implementations={"my.gemm"})
     assert os.path.dirname(err.path) == package_dir()
@@ -212,7 +217,7 @@ def test_unknown_implementation_names_are_rejected_when_the_names_are_known(tmp_
 def test_only_toml_files_are_read_and_no_code_runs(tmp_path):
     (tmp_path / "__init__.py").write_text("raise SystemExit('executed')")
     (tmp_path / "x.plus").write_text("garbage")
-    assert len(load_warehouse([str(tmp_path)])) == 8
+    assert len(load_warehouse([str(tmp_path)])) == len(SHIPPED)
 
 
 # ----------------------------------------------------------------------------- when routing
@@ -278,7 +283,7 @@ def test_cli_warehouse_list(capsys, tmp_path):
     write(tmp_path, "mine", GOOD.format(name="mine"))
     code, out, _ = run_cli(capsys, "warehouse", "list", "--json", "--opt", f"warehouse={tmp_path}")
     rows = json.loads(out)
-    assert code == 0 and len(rows) == 9
+    assert code == 0 and len(rows) == len(SHIPPED) + 1
     assert rows[0]["name"] == "attention" and rows[0]["implementations"][0]["target"] == "cuda"
     assert rows[-1]["name"] == "mine" and rows[-1]["path"].startswith(str(tmp_path))
 
@@ -296,10 +301,10 @@ def test_cli_warehouse_show(capsys):
 
 def test_cli_warehouse_validate(capsys, tmp_path):
     code, out, _ = run_cli(capsys, "warehouse", "validate")
-    assert code == 0 and out.strip() == "ok: 8 entries"
+    assert code == 0 and out.strip() == f"ok: {len(SHIPPED)} entries"
     write(tmp_path / "good", "mine", GOOD.format(name="mine"))
     code, out, _ = run_cli(capsys, "warehouse", "validate", str(tmp_path / "good"))
-    assert code == 0 and out.strip() == "ok: 9 entries"
+    assert code == 0 and out.strip() == f"ok: {len(SHIPPED) + 1} entries"
     bad = write(tmp_path / "bad", "bad", GOOD.format(name="bad").replace("M >= 16", "M >= x"))
     code, out, err = run_cli(capsys, "warehouse", "validate", str(tmp_path / "bad"))
     assert code == 2 and not out
