@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import tvm
 from plus_tvm.gir import plan as gir_plan
+from plus_tvm.gir.lowering import permuted_reads
 from plus_tvm.gir.search import Plan
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
@@ -95,10 +96,15 @@ def _lower_row(sch: s_tir.Schedule, p: Plan) -> None:
     lead = k.num_leading
     _inline(sch, p)
     root = sch.get_sblock("root")
-    outs = sch.get_output_blocks(root)
-    if len(outs) != 1:
-        raise ValueError("one output block expected")
-    out = outs[0]
+    blocks = sch.get_child_blocks(root)
+    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
+    # one output: the last block carries the kernel and the rest is computed under it;
+    # several (a residual sum beside its LayerNorm): the first block must be an output, and
+    # the others follow it under its loop -- TensorIR moves no output under another's loop
+    first = len(outputs) > 1
+    out = blocks[0] if first else blocks[-1]
+    if sch.get(out).name_hint not in outputs:
+        raise ValueError("no output block to carry the kernel")
     staged_inputs = [b for b, where in p.placement.items() if where == "cache" and b in k.params]
     loops = sch.get_loops(out)
     bx = sch.fuse(*loops[:lead]) if lead > 1 else loops[0]
@@ -108,16 +114,20 @@ def _lower_row(sch: s_tir.Schedule, p: Plan) -> None:
     else:
         _, tx = sch.split(sch.add_unit_loop(out), [None, 1])
         sch.bind(tx, "threadIdx.x")
-    others = sch.get_child_blocks(root)[:-1]
-    for brv in reversed(others):
-        for i, _ in enumerate(sch.get(brv).writes):
-            sch.set_scope(brv, i, "shared")
-        sch.compute_at(brv, bx, preserve_unit_loops=True)
+    others = blocks[1:] if first else list(reversed(blocks[:-1]))
+    for brv in others:
+        if sch.get(brv).name_hint not in outputs:  # outputs stay in global memory
+            for i, _ in enumerate(sch.get(brv).writes):
+                sch.set_scope(brv, i, "shared")
+        if first:
+            sch.reverse_compute_at(brv, bx, preserve_unit_loops=True)
+        else:
+            sch.compute_at(brv, bx, preserve_unit_loops=True)
         inner = sch.get_loops(brv)[1:]
         if _spatial(sch, brv):
             inner = [lp for lp in inner if _extent(sch, lp) != 1] or inner
         if inner:
-            _thread_split(sch, inner[-len(inner) :], threads)
+            _thread_split(sch, inner, threads)
     for name in staged_inputs:
         _stage_input(sch, name, bx, threads)
 
@@ -167,11 +177,7 @@ def _lower_elementwise(sch: s_tir.Schedule, p: Plan) -> None:
     for brv in sch.get_child_blocks(sch.get_sblock("root")):
         loops = sch.get_loops(brv)
         exts = [_extent(sch, lp) for lp in loops]
-        permuted = [
-            i
-            for i, r in enumerate(sch.get(brv).reads)
-            if len(r.region) >= 2 and not _same_order(sch.get(brv), r)
-        ]
+        permuted = permuted_reads(sch.get(brv))
         if (
             tile
             and permuted
@@ -192,18 +198,3 @@ def _lower_elementwise(sch: s_tir.Schedule, p: Plan) -> None:
         bx, tx = sch.split(fused, [None, threads])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
-
-
-def _same_order(block, region) -> bool:
-    """Whether a read walks the buffer in the block's iterator order (not a transpose)."""
-    order = []
-    for rng in region.region:
-        vs = [iv.var for iv in block.iter_vars if _uses(rng.min, iv.var)]
-        order += [next(i for i, iv in enumerate(block.iter_vars) if iv.var.same_as(v)) for v in vs]
-    return order == sorted(order)
-
-
-def _uses(expr, var) -> bool:
-    from plus_tvm.mapping.tir_analysis import _vars
-
-    return any(v.same_as(var) for v in _vars(expr))

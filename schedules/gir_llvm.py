@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import tvm
 from plus_tvm.gir import plan as gir_plan
-from plus_tvm.gir.lowering import vectorizable_math
+from plus_tvm.gir.lowering import permuted_reads, vectorizable_math
 from plus_tvm.gir.search import Plan
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
@@ -147,17 +147,19 @@ def _lower_row(sch: s_tir.Schedule, p: Plan, level: int) -> None:
             continue
         rf = sch.rfactor(split[1], 0)
         rfactored.append(rf)
-    anchor = sch.get_output_blocks(sch.get_sblock("root"))
-    if len(anchor) != 1:
-        raise ValueError("one output block expected")
-    out = anchor[0]
+    out, first = _anchor(sch)
     loops = sch.get_loops(out)
     row = sch.fuse(*loops[:lead]) if lead > 1 else loops[0]
-    sch.parallel(row)
+    _parallel(sch, p, row)
     if _spatial(sch, out):
         _vectorize_inner(sch, out, 1, vector, level)
-    for brv in reversed(sch.get_child_blocks(sch.get_sblock("root"))[:-1]):
-        sch.compute_at(brv, row, preserve_unit_loops=False)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if first:  # several outputs: the first is the anchor, the rest follow it row by row
+        for brv in blocks[1:]:
+            sch.reverse_compute_at(brv, row, preserve_unit_loops=False)
+    else:
+        for brv in reversed(blocks[:-1]):
+            sch.compute_at(brv, row, preserve_unit_loops=False)
     rf_names = {sch.get(b).name_hint for b in rfactored}
     for brv in sch.get_child_blocks(row):
         name = sch.get(brv).name_hint
@@ -168,6 +170,32 @@ def _lower_row(sch: s_tir.Schedule, p: Plan, level: int) -> None:
             sch.vectorize(sch.get_loops(brv)[-1])
         elif _spatial(sch, brv) and len(loops) > 1:
             _vectorize_inner(sch, brv, 1, vector, level)
+
+
+def _anchor(sch: s_tir.Schedule):
+    """The block whose row loop carries the kernel, and whether it is the first block.
+
+    One output: the last block, everything else is computed under its row loop. Several
+    outputs (a residual sum returned beside its LayerNorm): TensorIR moves no output block
+    under another block's loop, so the first block must be the first output, and the other
+    blocks follow it under its row loop (``reverse_compute_at``) -- one kernel writes every
+    output."""
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
+    if len(outputs) == 1:
+        if sch.get(blocks[-1]).name_hint not in outputs:
+            raise ValueError("the last block does not write the output")
+        return blocks[-1], False
+    if sch.get(blocks[0]).name_hint not in outputs:
+        raise ValueError("several outputs, and the first block is not one of them")
+    return blocks[0], True
+
+
+def _parallel(sch: s_tir.Schedule, p: Plan, loop) -> None:
+    """The parallel primitive: a parallel loop over cores, unless the plan runs on one core."""
+    if not p.params.get("serial"):
+        sch.parallel(loop)
 
 
 def _spatial(sch: s_tir.Schedule, block) -> bool:
@@ -191,9 +219,16 @@ def _lower_column(sch: s_tir.Schedule, p: Plan, level: int) -> None:
         rf = sch.rfactor(ko, 0)
         rl = sch.get_loops(rf)  # (col, unit, row-in-block)
         sch.reorder(rl[1], rl[2], rl[0])
-        sch.parallel(rl[1])
+        sch.parallel(rl[1])  # split_k is never serial
         if level > 0:
             split = _vector_split(sch, rl[0], 4 * p.params["vector"], allow_tail=level >= 2)
+            rows = _extent(sch, rl[2])
+            if split is not None and split[0] is not None and rows and rows % 8 == 0:
+                # 8 rows at a time per tile of columns: the tile's partials stay in vector
+                # registers for 8 rows, and 8 row streams move along together
+                ro, ri = sch.split(rl[2], [None, 8])
+                sch.reorder(ro, split[0], ri, split[1])
+                sch.unroll(ri)
             if split is not None:
                 sch.vectorize(split[1])
         loops = sch.get_loops(block)  # (col, unit)
@@ -206,7 +241,7 @@ def _lower_column(sch: s_tir.Schedule, p: Plan, level: int) -> None:
         outer, inner = sch.split(col, [None, tile])
     sch.reorder(*([outer] if outer is not None else []), r, inner)
     if outer is not None:
-        sch.parallel(outer)
+        _parallel(sch, p, outer)
         # the tile's accumulators stay in registers while the reduced axis is walked
         acc = sch.cache_write(block, 0, "local")
         sch.reverse_compute_at(acc, outer, preserve_unit_loops=False)
@@ -241,7 +276,14 @@ def _lower_elementwise(sch: s_tir.Schedule, p: Plan, level: int) -> None:
             jo, ji = sch.split(loops[-1], [None, tile])
             sch.reorder(io, jo, ii, ji)
             outer = sch.fuse(*loops[:-2], io, jo)
-            sch.parallel(outer)
+            _parallel(sch, p, outer)
+            # the template's CACHE slice: the transposed input's tile, read with contiguous
+            # (vector) loads into a core-local buffer, then read transposed from L1
+            for index in reversed(permuted_reads(sch.get(brv))):
+                staged = sch.cache_read(brv, index, "local")
+                sch.compute_at(staged, outer, preserve_unit_loops=False)
+                if level > 0:
+                    _vectorize_inner(sch, staged, len(sch.get_loops(staged)) - 1, vector, level)
             if level > 0 and tile >= 2:
                 split = _vector_split(sch, ji, vector, allow_tail=level >= 2)
                 if split is not None:
@@ -252,8 +294,8 @@ def _lower_elementwise(sch: s_tir.Schedule, p: Plan, level: int) -> None:
             split = _vector_split(sch, fused, vector, allow_tail=level >= 2)
             if split is not None and split[0] is not None:
                 outer, inner = split
-                sch.parallel(outer)
+                _parallel(sch, p, outer)
                 sch.vectorize(inner)
                 continue
-        sch.parallel(fused)
+        _parallel(sch, p, fused)
     del k

@@ -142,7 +142,6 @@ def test_non_bool_rejected():
     ("pair", "field"),
     [
         ("dispatch=true", "dispatch"),
-        ("gir=1", "gir"),
         ("cuda_graph=auto", "cuda_graph"),
     ],
 )

@@ -218,3 +218,20 @@ def vectorizable_math(sch: s_tir.Schedule) -> int:
         sch.state.replace(sch.get_sref(brv), new, {block: new})
         changed += 1
     return changed
+
+
+def permuted_reads(block: s_tir.SBlock) -> list[int]:
+    """Indices of the reads of ``block`` that walk their buffer in another order than the
+    block's iterators (transposes): the accesses cache-sized blocking stages."""
+    out = []
+    for index, region in enumerate(block.reads):
+        if len(region.region) < 2:
+            continue
+        order = []
+        for rng in region.region:
+            for pos, iv in enumerate(block.iter_vars):
+                if any(v.same_as(iv.var) for v in _vars_of(rng.min)):
+                    order.append(pos)
+        if order != sorted(order):
+            out.append(index)
+    return out

@@ -45,11 +45,13 @@ class Machine:
     unit_share: float  # fraction of global bandwidth one unit reaches alone
     reg_bytes: int  # bytes of registers one unit may keep live
     cache_bytes: int  # bytes of CACHE one unit (CPU core, GPU block) may use
+    tile_bytes: int  # largest staged transpose tile (CPU: in L1 beside its streams)
     gops: float  # element operations per ns per lane
     transcendental: float  # element operations one transcendental costs
     line: int  # bytes of one GLOBAL transaction
     sync_ns: tuple[float, float, float, float]  # per Scope
     page_penalty: int = 0  # bytes a GLOBAL segment costs extra when it jumps a page (CPU)
+    launch_ns: float = 0.0  # CPU: waking the thread pool for a parallel loop
     stack_bytes: int = 0  # CPU: row-local buffers up to this size live on the stack
     alloc_ns: float = 0.0  # CPU: larger row-local buffers cost a workspace allocation per row
     measured: bool = False
@@ -87,11 +89,13 @@ def cpu_machine(target: tvm.target.Target, figures: dict | None = None) -> Machi
         unit_share=float(f["unit_share"]),
         reg_bytes=24 * lanes * 4,  # vector registers left for live data
         cache_bytes=256 * 1024,  # what one row may occupy of a core's L2 (2 MiB here)
+        tile_bytes=16 * 1024,  # a third of a 48 KiB L1d
         gops=3.0,
         transcendental=5.0,  # exp/erf mapped to polynomials (gir.lowering)
         line=64,
         sync_ns=(0.0, 1.0, 50.0, 5000.0),
         page_penalty=256,  # the hardware prefetcher restarts on every page
+        launch_ns=5000.0,
         stack_bytes=1024,  # TVM's kMaxStackAlloca
         alloc_ns=400.0,  # TVMBackendAllocWorkspace + Free, measured on softmax rows
         measured=bool(figures),
@@ -121,6 +125,7 @@ def gpu_machine(target: tvm.target.Target) -> Machine:
         unit_share=1.0 / (sms * 8),
         reg_bytes=32 * 32 * 4,  # 32 live registers per thread
         cache_bytes=48 * 1024,  # static shared memory per block
+        tile_bytes=16 * 1024,  # leaves room for several blocks per SM
         gops=1.5,
         transcendental=4.0,
         line=32,
@@ -282,7 +287,7 @@ def estimate(kernel: Kernel, g: Graph, m: Machine) -> Estimate:
             elems = max((s.elements for s in n.inputs), default=1)
             weight = n.attrs.get("flops", 1) + n.attrs.get("transcendental", 0) * m.transcendental
             ops += elems * max(weight, 1)
-    units_busy = min(m.units, groups * par.units_per_row)
+    units_busy = 1 if g.params.get("serial") else min(m.units, groups * par.units_per_row)
     occupancy = units_busy / m.units
     share = min(1.0, units_busy * m.unit_share)
     t_global = (gbytes * groups + once) / (m.global_gbps * 1e9 * share)
@@ -299,6 +304,8 @@ def estimate(kernel: Kernel, g: Graph, m: Machine) -> Estimate:
         per_row_sync += len(staged) * m.alloc_ns * 1e-9
     t_sync = per_row_sync * groups / units_busy + syncs[Scope.DEVICE] * m.sync_ns[3] * 1e-9
     total = max(t_global, t_cache, t_compute) + t_sync
+    if not g.params.get("serial"):
+        total += m.launch_ns * 1e-9
     return Estimate(total, gbytes * groups + once, cbytes * groups, sum(syncs.values()), occupancy)
 
 

@@ -63,7 +63,9 @@ def candidates(kernel: Kernel, m: Machine) -> list[tuple[Parallel, dict]]:
                         (Parallel("core", v, v), {"vector": v, "col_tile": v, "split_k": m.units})
                     )
         else:
-            tiles = [0, 8, 16, 32, 64] if has_transpose else [0]
+            # cache-sized blocking: a staged tile must stay in the core's L1 cache
+            tiles = [0] + [t for t in (8, 16, 32, 64, 128) if t * t * 4 <= m.tile_bytes]
+            tiles = tiles if has_transpose else [0]
             last = kernel.ops[-1].spatial[-1] if kernel.ops[-1].spatial else 1
             for v, t, rc in itertools.product(vectors, tiles, recompute):
                 row_len = t if t else max(last, v)
@@ -73,6 +75,12 @@ def candidates(kernel: Kernel, m: Machine) -> list[tuple[Parallel, dict]]:
                         {"vector": v, "tile": t, "row_len": row_len, "recompute": rc},
                     )
                 )
+        small = sum(kernel.sizes.get(n, 0) for n in kernel.params) * 4 < 1 << 20
+        if small and not kernel.symbolic:
+            # small kernels: one core, no thread-pool wake-up (the model weighs both)
+            out += [
+                (par, dict(params, serial=True)) for par, params in out if not params.get("split_k")
+            ]
         return out
     # GPU: a warp is the unit; threads per row as multiples of warps, elements per access
     if kernel.structure == "row":
@@ -96,7 +104,8 @@ def candidates(kernel: Kernel, m: Machine) -> list[tuple[Parallel, dict]]:
                 )
             )
     else:
-        tiles = [0, 16, 32] if has_transpose else [0]
+        tiles = [0] + [t for t in (16, 32, 64) if t * t * 4 <= m.tile_bytes]
+        tiles = tiles if has_transpose else [0]
         for threads, t in itertools.product((128, 256, 512), tiles):
             out.append(
                 (
