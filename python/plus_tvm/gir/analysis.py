@@ -271,14 +271,18 @@ def _structure(ops: list[BasicOp], symbolic: bool) -> Kernel | None:
         lead = red_lead.pop()
         if lead == 0 or any(o.dom[lead:].count("S") for o in reductions):
             return None
+        computed = {o.output for o in ops}
+        shared: set[str] = set()
         for o in ops:
             if o.kind != "reduce" and (
                 _leading_s(o.dom) < lead or o.spatial[:lead] != last.spatial[:lead]
             ):
-                o.shared = True  # no row axis: weights prepared for every row
+                # no row axis: data prepared once for every row (a weight's cast), inlined;
+                # it may read only kernel inputs and other such data
+                o.shared = True
+                shared.add(o.output)
                 if o.output_is_param or any(
-                    a.kind != "same" or a.buffer not in {p.output for p in ops} and False
-                    for a in o.accesses
+                    a.buffer in computed and a.buffer not in shared for a in o.accesses
                 ):
                     return None
         rows = 1

@@ -315,3 +315,10 @@ def lower_bound(kernel: Kernel, m: Machine) -> float:
     for name in kernel.params:
         total += kernel.sizes.get(name, 0) * 4
     return total / (m.global_gbps * 1e9)
+
+
+if __name__ == "__main__":  # python -m plus_tvm.gir.model: measure this machine once
+    from ..target import resolve_target
+
+    _target = resolve_target("llvm")
+    print(json.dumps(measure_cpu(_target, store=True)), "->", figures_path(_target))
