@@ -208,7 +208,10 @@ def test_unknown_implementation_names_are_rejected_when_the_names_are_known(tmp_
     err = error_of(tmp_path, known_implementations=shipped | {"my.gem"})
     assert str(err).startswith(f"{path}:11: ") and "'my.gemm'" in str(err)
     assert "did you mean my.gem" in str(err)
-    assert len(load_warehouse([str(tmp_path)], known_implementations=shipped | {"my.gemm"})) == len(SHIPPED) + 1
+    assert (
+        len(load_warehouse([str(tmp_path)], known_implementations=shipped | {"my.gemm"}))
+        == len(SHIPPED) + 1
+    )
     # shipped entries are checked too
     err = error_of(tmp_path, known_implementations={"my.gemm"})
     assert os.path.dirname(err.path) == package_dir()

@@ -43,9 +43,8 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     own library dispatch for the target."""
     passes: list[tvm.transform.Pass] = []
     if options.dispatch:
-        from .passes import PlusDispatch, SimplifyViews
-
         from .costmodel import DispatchCost
+        from .passes import PlusDispatch, SimplifyViews
 
         # with GIR schedules the TIR side of memory-bound subgraphs runs near copy bandwidth
         cost = DispatchCost(tir_gbps=8.0 if options.gir else 1.0)

@@ -12,7 +12,6 @@ Definitions (DESIGN.md section 3):
 from __future__ import annotations
 
 import json
-
 import re
 from collections import Counter
 
