@@ -142,7 +142,7 @@ def _lower_row(sch: s_tir.Schedule, p: Plan, level: int) -> None:
             continue
         # lanes must divide the row: a predicated tail inside a vectorized rfactor block
         # reads past the row (TVM does not mask it), so odd and symbolic rows stay scalar
-        split = _vector_split(sch, r, vector, allow_tail=False)
+        split = _vector_split(sch, r, vector * p.params.get("acc", 1), allow_tail=False)
         if split is None or split[0] is None:
             continue
         rf = sch.rfactor(split[1], 0)

@@ -138,7 +138,8 @@ def op_graph(kernel: Kernel, op: BasicOp, parallel: Parallel, params: dict) -> G
             g.add(GOp(Kind.MOVE, [out], [dst], attrs={"block": op.block}))
         return g
     # reduce templates
-    lanes = parallel.lanes * parallel.vector if parallel.unit == "warp" else parallel.vector
+    # partials of one unit: a warp's threads x elements, or a core's accumulator lanes
+    lanes = parallel.lanes * parallel.vector if parallel.unit == "warp" else parallel.lanes
     red_len = max(sum(o.elements for o in operands[:1]), 1)
     width = params.get("col_tile", 1) if kernel.structure == "column" else 1
     cur = operands

@@ -52,6 +52,7 @@ class Machine:
     sync_ns: tuple[float, float, float, float]  # per Scope
     page_penalty: int = 0  # bytes a GLOBAL segment costs extra when it jumps a page (CPU)
     launch_ns: float = 0.0  # CPU: waking the thread pool for a parallel loop
+    chain_ns: float = 0.0  # CPU: latency of one dependent vector add of a reduction
     stack_bytes: int = 0  # CPU: row-local buffers up to this size live on the stack
     alloc_ns: float = 0.0  # CPU: larger row-local buffers cost a workspace allocation per row
     measured: bool = False
@@ -96,6 +97,7 @@ def cpu_machine(target: tvm.target.Target, figures: dict | None = None) -> Machi
         sync_ns=(0.0, 1.0, 50.0, 5000.0),
         page_penalty=256,  # the hardware prefetcher restarts on every page
         launch_ns=5000.0,
+        chain_ns=1.4,  # 4 cycles
         stack_bytes=1024,  # TVM's kMaxStackAlloca
         alloc_ns=400.0,  # TVMBackendAllocWorkspace + Free, measured on softmax rows
         measured=bool(figures),
@@ -265,7 +267,7 @@ def estimate(kernel: Kernel, g: Graph, m: Machine) -> Estimate:
     elif kernel.structure == "elementwise":
         length = g.params.get("tile", 0) ** 2 or g.params.get("row_len", 1)
         groups = max(kernel.rows // max(length, 1), 1)
-    gbytes = cbytes = ops = 0.0
+    gbytes = cbytes = ops = chain = 0.0
     once = 0.0
     syncs = {s: 0 for s in Scope}
     for n in g.nodes:
@@ -287,13 +289,17 @@ def estimate(kernel: Kernel, g: Graph, m: Machine) -> Estimate:
             elems = max((s.elements for s in n.inputs), default=1)
             weight = n.attrs.get("flops", 1) + n.attrs.get("transcendental", 0) * m.transcendental
             ops += elems * max(weight, 1)
+            if n.kind is Kind.REDUCE and m.chain_ns:
+                # each accumulator vector is a dependence chain of elements / partials adds
+                partials = max(sum(s.elements for s in n.outputs), 1)
+                chain += elems / partials * m.chain_ns * 1e-9
     units_busy = 1 if g.params.get("serial") else min(m.units, groups * par.units_per_row)
     occupancy = units_busy / m.units
     share = min(1.0, units_busy * m.unit_share)
     t_global = (gbytes * groups + once) / (m.global_gbps * 1e9 * share)
     t_cache = cbytes * groups / (m.cache_gbps * 1e9 * units_busy)
     lanes = par.vector * (m.lanes if par.unit == "warp" else 1)
-    t_compute = ops * groups / (m.gops * 1e9 * lanes * units_busy)
+    t_compute = ops * groups / (m.gops * 1e9 * lanes * units_busy) + chain * groups / units_busy
     per_row_sync = sum(syncs[s] * m.sync_ns[s] for s in Scope) * 1e-9
     if m.alloc_ns:
         staged = {
