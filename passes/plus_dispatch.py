@@ -155,27 +155,51 @@ def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights):  
     if not calls:
         return block
     bb = relax.BlockBuilder()
+    at: dict[int, LibraryCall] = {}  # where each call is emitted: its earliest rebound value
+    replaced: set[int] = set()
+    for call in calls.values():
+        position = min([call.final, *call.extra])
+        if not all(_defined_before(graph, a, position) for a in call.args):
+            continue  # an input computed after the earliest output: keep the operators
+        at[position] = call
+        replaced.update((call.final, *call.extra))
     bindings = []
     for index, binding in enumerate(block.bindings):
-        call = calls.get(index)
+        call = at.get(index)
         if call is None:
-            bindings.append(binding)
+            if index not in replaced:
+                bindings.append(binding)
             continue
         for var, value in call.pre:
             bindings.append(relax.VarBinding(var, value))
         args = [*call.args, tvm.ir.StringImm(call.config_text())]
-        final_ty = binding.var.ty
+        final_var = graph.nodes[call.final].var
+        if call.extra:
+            outs = [final_var, *(graph.nodes[i].var for i in call.extra)]
+            out_ty = [v.ty for v in outs]
+            value = bb.normalize(relax.call_dps_packed(call.kernel, args, out_ty=out_ty))
+            tup = relax.DataflowVar("plus_outs", value.ty)
+            bindings.append(relax.VarBinding(tup, value))
+            for k, var in enumerate(outs):
+                bindings.append(relax.VarBinding(var, bb.normalize(relax.TupleGetItem(tup, k))))
+            continue
+        final_ty = final_var.ty
         if call.out_shape is None:
             value = relax.call_dps_packed(call.kernel, args, out_ty=final_ty)
-            bindings.append(relax.VarBinding(binding.var, bb.normalize(value)))
+            bindings.append(relax.VarBinding(final_var, bb.normalize(value)))
             continue
         out_ty = relax.TensorType(call.out_shape, final_ty.dtype)
         out_var = relax.DataflowVar("plus_out", out_ty)
         value = relax.call_dps_packed(call.kernel, args, out_ty=out_ty)
         bindings.append(relax.VarBinding(out_var, bb.normalize(value)))
         view = relax.op.reshape(out_var, final_ty.shape)
-        bindings.append(relax.VarBinding(binding.var, bb.normalize(view)))
+        bindings.append(relax.VarBinding(final_var, bb.normalize(view)))
     return relax.DataflowBlock(bindings)
+
+
+def _defined_before(graph: OpGraph, expr: relax.Expr, position: int) -> bool:
+    index = graph.by_var.get(expr.id_) if isinstance(expr, relax.Var) else None
+    return index is None or index < position
 
 
 def _choose(match, ctx, graph, kind, cost, report):  # noqa: ANN001, ANN202

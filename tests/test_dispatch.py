@@ -205,3 +205,47 @@ def test_zoo_models_match_entries_with_torch_numerics(model, entries):
     out = out[0] if isinstance(out, (list, tuple)) else out
     np.testing.assert_allclose(np.asarray(out), ref.numpy(), rtol=1e-4, atol=2e-4)
     assert entries <= set(compiled.stats["patterns"]), compiled.stats["dispatch"]
+
+
+class _PreLN(nn.Module):
+    """GPT-2 / ViT: the residual sum feeds the LayerNorm and is carried on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.ln = nn.LayerNorm(32)
+        self.out = nn.Linear(32, 32)
+
+    def forward(self, x, h):
+        s = self.fc(x) + h
+        return self.out(self.ln(s)) + s
+
+
+def test_pre_ln_sum_is_a_second_output_of_one_call():
+    torch.manual_seed(0)
+    stats = _run(_PreLN(), torch.randn(1, 8, 32), torch.randn(1, 8, 32))
+    assert _library(stats) == {"gemm_layernorm": 1, "gemm_epilogue": 1}
+    assert stats["kernels"] == 2
+
+
+class _NewGELU(nn.Module):
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 64)
+        self.form = form
+
+    def forward(self, x):
+        y = self.fc(x)
+        if self.form == "gpt2":
+            return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3)))
+        if self.form == "swish":
+            return y * torch.sigmoid(y)
+        return y * torch.sigmoid(1.702 * y)  # quick-gelu: no library epilogue computes it
+
+
+@pytest.mark.parametrize("form, fused", [("gpt2", True), ("swish", True), ("quick", False)])
+def test_written_out_activation_is_recognised_by_value(form, fused):
+    torch.manual_seed(0)
+    stats = _run(_NewGELU(form), torch.randn(1, 8, 32))
+    assert _library(stats) == {"gemm_epilogue": 1}
+    assert (stats["kernels"] == 1) == fused

@@ -490,6 +490,11 @@ class LibraryKernel:
         """Compute into ``out`` from torch tensors (the body of the kernel)."""
         raise NotImplementedError
 
+    def num_outputs(self, cfg: tuple) -> int:
+        """How many outputs the VM passes after the config string (default one)."""
+        del cfg
+        return 1
+
     def check(self, cfg: tuple, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         """Raise ``ValueError`` for a config the kernel does not support (optional hook)."""
 
@@ -500,13 +505,20 @@ class LibraryKernel:
     def __call__(self, *args: Any) -> None:
         if len(args) < 2:
             raise ValueError(f"{self.name}: expected (*inputs, config, out), got {len(args)} args")
-        *tensors, config, out = args
-        if not isinstance(config, str):
+        at = next((i for i, a in enumerate(args) if isinstance(a, str)), None)
+        if at is None:
             raise ValueError(
-                f"{self.name}: the argument before the output must be the config string, "
-                f"got {type(config).__name__}"
+                f"{self.name}: the argument before the output(s) must be the config string, "
+                f"got none among {[type(a).__name__ for a in args]}"
             )
+        tensors, config, outs = args[:at], args[at], args[at + 1 :]
         cfg = self.spec.parse(config)
+        if len(outs) != self.num_outputs(cfg):
+            raise ValueError(
+                f"{self.name}: config {str(config)!r} implies {self.num_outputs(cfg)} outputs, "
+                f"got {len(outs)}"
+            )
+        out, extra = outs[0], [to_torch(o) for o in outs[1:]]
         expected = self.num_inputs(cfg)
         if len(tensors) != expected:
             raise ValueError(
@@ -524,10 +536,10 @@ class LibraryKernel:
             )
         if out_t.device.type == "cpu":
             THREADS.ensure()
-            self.run(cfg, inputs, out_t)
+            self.run(cfg, inputs, out_t, *extra)
         else:
             with STREAMS.context(out_t):
-                self.run(cfg, inputs, out_t)
+                self.run(cfg, inputs, out_t, *extra)
 
     def call(self, *inputs: torch.Tensor, config: str = "", out: torch.Tensor) -> torch.Tensor:
         """Run the kernel on torch tensors directly (no VM), as the VM would.

@@ -3,7 +3,10 @@
 The PluS paper's GEMM + bias + residual + LayerNorm group (its S2/S4 patterns at the end of
 every transformer sub-layer). Call: ``plus.linear_layernorm(x, w, [bias], [residual], [gamma],
 [beta], config, out)``; keys ``w=nk|kn``, ``bias``, ``residual``, ``gamma``, ``beta`` (``0|1``),
-``eps=<float>`` (default 1e-5), ``prepack=1|0``. The normalization is over the last dim (N).
+``eps=<float>`` (default 1e-5), ``prepack=1|0``, ``sum_out=1|0``. The normalization is over
+the last dim (N). With ``sum_out=1`` a second output receives the normalized input
+``x @ W + bias + residual`` itself: pre-LN transformers (GPT-2, ViT) carry that sum on as the
+next residual, and PluS's multi-output rule keeps it instead of computing it twice.
 
 CPU fp32: the GEMM with bias and the residual add fused as oneDNN's binary post-op on a
 prepacked weight, then ``F.layer_norm``; elsewhere ``addmm`` into ``out`` and ``layer_norm``.
@@ -28,6 +31,7 @@ LINEAR_LAYERNORM_SPEC = ConfigSpec(
     beta=flag(),
     eps=real(1e-5),
     prepack=flag(True),
+    sum_out=flag(),
 )
 
 
@@ -40,10 +44,19 @@ class LinearLayerNorm(LibraryKernel):
     def num_inputs(self, cfg) -> int:
         return 2 + cfg.bias + cfg.residual + cfg.gamma + cfg.beta
 
+    def num_outputs(self, cfg) -> int:
+        return 1 + cfg.sum_out
+
     def out_shape(self, cfg, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
         return linear_out_shape(self.name, cfg.w, inputs[0], inputs[1])
 
-    def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+    def run(
+        self,
+        cfg,
+        inputs: Sequence[torch.Tensor],
+        out: torch.Tensor,
+        sum_out: torch.Tensor | None = None,
+    ) -> None:
         x, w = inputs[0], inputs[1]
         rest = list(inputs[2:])
         bias = rest.pop(0) if cfg.bias else None
@@ -57,4 +70,6 @@ class LinearLayerNorm(LibraryKernel):
         else:
             y = torch.empty_like(out)
             generic_linear(x, w, cfg.w, bias, residual, "none", y)
+        if sum_out is not None:
+            write_out(sum_out, y.view(sum_out.shape))
         write_out(out, F.layer_norm(y, (n,), gamma, beta, cfg.eps))

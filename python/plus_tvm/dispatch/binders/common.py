@@ -43,6 +43,8 @@ class LibraryCall:
     pre: list[tuple[relax.Var, relax.Expr]] = field(default_factory=list)
     #: the kernel's own output shape when the final value is a view of it (reshaped after)
     out_shape: list | None = None
+    #: bindings whose values the kernel also writes, as further outputs after ``final``'s
+    extra: list[int] = field(default_factory=list)
 
     def config_text(self) -> str:
         def fmt(v: object) -> str:

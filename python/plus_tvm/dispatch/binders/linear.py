@@ -6,6 +6,7 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import relax
 
+from .activation import recognise_activation
 from .common import (
     ACTIVATIONS,
     Ctx,
@@ -69,8 +70,28 @@ def _epilogue(
     absorbed = [index]
     cur = index
     norm = None
+    extra: list[int] = []
     while True:
         nxt = ctx.sole_consumer(cur, absorbed)
+        if nxt is None and with_norm and cur != index:
+            # pre-LN blocks (GPT-2, ViT) carry the sum on as the next residual: take the
+            # LayerNorm anyway and hand the sum out as a second output (multi-output rule)
+            nxt = next(
+                (
+                    c
+                    for c in ctx.g.nodes[cur].consumers
+                    if c in ctx.members and ctx.op(c) == "relax.nn.layer_norm"
+                ),
+                None,
+            )
+            if nxt is not None:
+                extra.append(cur)
+        if nxt is None and not with_norm and act == "none" and residual is None:
+            found = recognise_activation(ctx, cur, absorbed)  # an activation written out
+            if found is not None:
+                act, cur, ops = found
+                absorbed.extend(ops)
+                continue
         if nxt is None:
             break
         op = ctx.op(nxt)
@@ -156,11 +177,13 @@ def _epilogue(
         if ncall.attrs.center:
             args.append(beta)
         kernel = "plus.linear_layernorm"
+        if extra:
+            cfg["sum_out"] = True
     else:
         cfg["act"] = act
         kernel = "plus.linear"
     del start
-    return LibraryCall(kernel, args, cfg, cur, absorbed, pre)
+    return LibraryCall(kernel, args, cfg, cur, absorbed, pre, extra=extra)
 
 
 def bind_linear(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:

@@ -1,0 +1,108 @@
+"""Recognise an activation written out as elementwise operators (GPT-2's ``gelu_new``
+``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``, ``x * sigmoid(x)`` ...).
+
+The candidate is the largest set of subgraph operators fed only by the GEMM output and scalar
+constants, with a single result. It is evaluated with numpy on probe points and compared with
+each activation a library epilogue offers: whatever algebraic form a model writes, the same
+function is recognised, and anything else stays TIR.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tvm import relax
+
+from .common import Ctx
+
+_UNARY = {
+    "relax.tanh": np.tanh,
+    "relax.exp": np.exp,
+    "relax.sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v)),
+    "relax.sqrt": np.sqrt,
+    "relax.rsqrt": lambda v: 1.0 / np.sqrt(v),
+    "relax.negative": np.negative,
+    "relax.erf": np.vectorize(math.erf),
+    "relax.nn.relu": lambda v: np.maximum(v, 0.0),
+}
+_BINARY = {
+    "relax.add": np.add,
+    "relax.subtract": np.subtract,
+    "relax.multiply": np.multiply,
+    "relax.divide": np.divide,
+    "relax.power": np.power,
+}
+_REFERENCE = {
+    "gelu": lambda v: 0.5 * v * (1.0 + np.vectorize(math.erf)(v / math.sqrt(2.0))),
+    "gelu_tanh": lambda v: (
+        0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v**3)))
+    ),
+    "silu": lambda v: v / (1.0 + np.exp(-v)),
+    "relu": lambda v: np.maximum(v, 0.0),
+    "sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v)),
+    "tanh": np.tanh,
+}
+_PROBE = np.linspace(-6.0, 6.0, 97)
+
+
+def recognise_activation(
+    ctx: Ctx, start: int, absorbed: list[int]
+) -> tuple[str, int, list[int]] | None:
+    """(activation, result binding, bindings) when the operators after ``start`` compute one
+    of the library's activations of ``start``'s value, else None."""
+    src = ctx.var(start)
+    inside: list[int] = []
+    values: dict[int, np.ndarray] = {src.id_: _PROBE}
+    frontier = sorted(c for c in ctx.g.nodes[start].consumers)
+    pending = list(frontier)
+    while pending:
+        i = pending.pop(0)
+        if i in inside or i in absorbed or i not in ctx.members:
+            continue
+        call = ctx.call(i)
+        if call is None:
+            continue
+        op = ctx.op(i)
+        operands = []
+        for arg in call.args:
+            if isinstance(arg, relax.Var) and arg.id_ in values:
+                operands.append(values[arg.id_])
+            elif (c := ctx.is_scalar_const(arg)) is not None:
+                operands.append(np.float64(c))
+            else:
+                operands = None
+                break
+        if operands is None:
+            continue
+        with np.errstate(all="ignore"):
+            if op in _UNARY and len(operands) == 1:
+                result = _UNARY[op](operands[0])
+            elif op in _BINARY and len(operands) == 2:
+                result = _BINARY[op](*operands)
+            elif op == "relax.astype" and str(call.args[0].ty.dtype) == str(ctx.var(i).ty.dtype):
+                result = operands[0]
+            else:
+                continue
+        if np.ndim(result) == 0:
+            continue
+        inside.append(i)
+        values[ctx.var(i).id_] = result
+        pending.extend(sorted(ctx.g.nodes[i].consumers))
+    if not inside:
+        return None
+    # a single result: every other operator is used only inside the set
+    sinks = [
+        i
+        for i in inside
+        if any(c not in inside for c in ctx.g.nodes[i].consumers) or i in ctx.g.outside_uses
+    ]
+    if len(sinks) != 1 or any(c not in inside for c in ctx.g.nodes[start].consumers):
+        return None
+    sink = sinks[0]
+    got = values[ctx.var(sink).id_]
+    for name, ref in _REFERENCE.items():
+        with np.errstate(all="ignore"):
+            if np.allclose(got, ref(_PROBE), rtol=1e-5, atol=1e-6):
+                return name, sink, sorted(inside)
+    return None
