@@ -49,7 +49,7 @@ class GIRCUDA(ScheduleRule):
         if p is None:
             return None
         try:
-            return lower(func, p)
+            return lower(p.func or func, p)
         except Exception:  # noqa: BLE001 - a primitive refused: dlight's rules take it
             return None
 
@@ -96,8 +96,9 @@ def _lower_row(sch: s_tir.Schedule, p: Plan) -> None:
     lead = k.num_leading
     _inline(sch, p)
     root = sch.get_sblock("root")
-    blocks = sch.get_child_blocks(root)
-    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
+    all_blocks = sch.get_child_blocks(root)
+    blocks = [b for b in all_blocks if sch.get(b).name_hint not in k.copies]
+    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)} - set(k.copies)
     # one output: the last block carries the kernel and the rest is computed under it;
     # several (a residual sum beside its LayerNorm): the first block must be an output, and
     # the others follow it under its loop -- TensorIR moves no output under another's loop
@@ -128,6 +129,12 @@ def _lower_row(sch: s_tir.Schedule, p: Plan) -> None:
             inner = [lp for lp in inner if _extent(sch, lp) != 1] or inner
         if inner:
             _thread_split(sch, inner, threads)
+    for brv in all_blocks:  # layout copies of an output: stored by the same threads
+        if sch.get(brv).name_hint in k.copies:
+            sch.reverse_compute_at(brv, bx, preserve_unit_loops=True)
+            inner = [lp for lp in sch.get_loops(brv)[1:] if _extent(sch, lp) != 1]
+            if inner:
+                _thread_split(sch, inner, threads)
     for name in staged_inputs:
         _stage_input(sch, name, bx, threads)
 

@@ -53,12 +53,22 @@ class GIRLLVM(ScheduleRule):
         p = gir_plan(func, target, self.budget)
         if p is None:
             return None
-        for level in (2, 1, 0):
+        # TVM's vectorizer emits int8 vectors into bool buffers (a dtype mismatch): kernels
+        # touching booleans keep the plan's parallel structure but no vectors
+        levels = (0,) if _touches_bool(func) else (2, 1, 0)
+        for level in levels:
             try:
-                return lower(func, p, level, self.fast_math)
+                return lower(p.func or func, p, level, self.fast_math)
             except Exception:  # noqa: BLE001 - a primitive refused: try a plainer lowering
                 continue
         return None
+
+
+def _touches_bool(func: tirx.PrimFunc) -> bool:
+    sch = s_tir.Schedule(func)
+    buffers = [p for p in func.params if hasattr(p.ty, "shape")]
+    buffers += list(sch.get(sch.get_sblock("root")).alloc_buffers)
+    return any("bool" in str(getattr(b.ty, "dtype", "")) for b in buffers)
 
 
 def _extent(sch: s_tir.Schedule, loop) -> int | None:
@@ -147,19 +157,23 @@ def _lower_row(sch: s_tir.Schedule, p: Plan, level: int) -> None:
             continue
         rf = sch.rfactor(split[1], 0)
         rfactored.append(rf)
-    out, first = _anchor(sch)
+    out, first = _anchor(sch, set(k.copies))
     loops = sch.get_loops(out)
     row = sch.fuse(*loops[:lead]) if lead > 1 else loops[0]
     _parallel(sch, p, row)
     if _spatial(sch, out):
         _vectorize_inner(sch, out, 1, vector, level)
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    all_blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    blocks = [b for b in all_blocks if sch.get(b).name_hint not in k.copies]
     if first:  # several outputs: the first is the anchor, the rest follow it row by row
         for brv in blocks[1:]:
             sch.reverse_compute_at(brv, row, preserve_unit_loops=False)
     else:
         for brv in reversed(blocks[:-1]):
             sch.compute_at(brv, row, preserve_unit_loops=False)
+    for brv in all_blocks:  # layout copies of an output: stored from the same row loop
+        if sch.get(brv).name_hint in k.copies:
+            sch.reverse_compute_at(brv, row, preserve_unit_loops=False)
     rf_names = {sch.get(b).name_hint for b in rfactored}
     for brv in sch.get_child_blocks(row):
         name = sch.get(brv).name_hint
@@ -172,7 +186,7 @@ def _lower_row(sch: s_tir.Schedule, p: Plan, level: int) -> None:
             _vectorize_inner(sch, brv, 1, vector, level)
 
 
-def _anchor(sch: s_tir.Schedule):
+def _anchor(sch: s_tir.Schedule, copies: set):
     """The block whose row loop carries the kernel, and whether it is the first block.
 
     One output: the last block, everything else is computed under its row loop. Several
@@ -181,8 +195,8 @@ def _anchor(sch: s_tir.Schedule):
     blocks follow it under its row loop (``reverse_compute_at``) -- one kernel writes every
     output."""
     root = sch.get_sblock("root")
-    blocks = sch.get_child_blocks(root)
-    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
+    blocks = [b for b in sch.get_child_blocks(root) if sch.get(b).name_hint not in copies]
+    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)} - copies
     if len(outputs) == 1:
         if sch.get(blocks[-1]).name_hint not in outputs:
             raise ValueError("the last block does not write the output")

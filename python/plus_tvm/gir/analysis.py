@@ -10,8 +10,9 @@ as a whole gets a *row structure*:
   batch statistics);
 - ``elementwise``: no reduction (activations, residual adds, transposes).
 
-A kernel that fits none of these (or is already scheduled: blocks not directly under their own
-loop nest) gives ``None`` and the GIR rules decline it.
+A kernel that fits none of these, that contracts operands (matmul, convolution: an operand
+reused across outputs along a reduction; compute-intensive), gathers, or is already scheduled
+(blocks not directly under their own loop nest) gives ``None`` and the GIR rules decline it.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class Kernel:
     intermediates: list[str]
     symbolic: bool = False
     consumers: dict[str, list[str]] = field(default_factory=dict)
+    copies: dict[str, str] = field(default_factory=dict)  # layout-copy block -> copied output
     sizes: dict[str, int] = field(default_factory=dict)  # elements of every buffer
 
     def depends(self, later: str, earlier: str) -> bool:
@@ -125,17 +127,34 @@ def _count_ops(expr: tvm.ir.Expr) -> tuple[int, int]:
     return flops[0], trans[0]
 
 
-def _classify(ld: object, store: tirx.BufferStore, spatial_vars: list) -> str:
+def _pos(items: list, v: object) -> int:
+    return next((i for i, x in enumerate(items) if x.same_as(v)), -1)
+
+
+def _classify(ld: object, store: tirx.BufferStore, spatial_vars: list, unit: list) -> str:
+    """How a load relates to its block's iterators (unit-extent iterators and constant zeros
+    dropped, so a ``[1, n, m]`` operand of an ``[n, m]`` output still counts as the same)."""
     li, si = list(ld.indices), list(store.indices)
     if len(li) == len(si) and all(tvm_structural_equal(a, b) for a, b in zip(li, si)):
         return "same"
+    kept = [
+        i
+        for i in li
+        if not (isinstance(i, tirx.IntImm) and int(i) == 0)
+        and not (isinstance(i, tirx.Var) and _pos(unit, i) >= 0)
+    ]
+    spatial = [v for v in spatial_vars if _pos(unit, v) < 0]
+    if all(isinstance(i, tirx.Var) for i in kept):
+        where = [_pos(spatial, i) for i in kept]
+        if all(w >= 0 for w in where) and len(set(where)) == len(where):
+            if len(where) == len(spatial):
+                return "same" if where == sorted(where) else "permute"
+            return "broadcast" if where == sorted(where) else "other"
     used = set()
     for idx in li:
         used |= _vars(idx)
-    if not set(spatial_vars) <= used:
-        return "broadcast"
-    if all(isinstance(i, tirx.Var) for i in li) and len(li) == len(si):
-        return "permute"
+    if not all(any(u.same_as(v) for u in used) for v in spatial):
+        return "broadcast" if all(isinstance(i, tirx.Var) for i in kept) else "other"
     return "other"
 
 
@@ -143,6 +162,68 @@ def tvm_structural_equal(a: object, b: object) -> bool:
     import tvm_ffi
 
     return tvm_ffi.structural_equal(a, b, map_free_vars=False)
+
+
+def normalize(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Fold layout epilogues into the kernel: a final block that only copies another block's
+    result into the output under another shape (``reshape``, ``squeeze``) is inlined into its
+    producer (``reverse_compute_inline``), so that the producer writes the output directly."""
+    try:
+        sch = s_tir.Schedule(func)
+        root = sch.get_sblock("root")
+    except Exception:  # noqa: BLE001
+        return func
+    changed = True
+    while changed:
+        changed = False
+        blocks = sch.get_child_blocks(root)
+        for brv in reversed(blocks[1:]):
+            block = sch.get(brv)
+            body = block.body
+            if not isinstance(body, tirx.BufferStore) or block.init is not None:
+                continue
+            if not isinstance(body.value, tvm.ir.TensorLoad):
+                continue
+            if not any(body.buffer.same_as(p) for p in func.params):
+                continue
+            try:
+                sch.reverse_compute_inline(brv)
+                changed = True
+                break
+            except Exception:  # noqa: BLE001 - not invertible: the kernel stays as it is
+                continue
+    return sch.mod["main"]
+
+
+def _layout_copies(sch: s_tir.Schedule, blocks: list, func: tirx.PrimFunc) -> dict[str, str]:
+    """Trailing blocks that copy an output of the kernel into another output under another
+    shape (a LayerNorm returned both as ``[1, n, d]`` and reshaped to ``[n, d]``): not basic
+    operators, but a second store of a value the kernel already has in registers."""
+    written: dict[str, str] = {}
+    out: dict[str, str] = {}
+    params = [p for p in func.params if hasattr(p.ty, "shape")]
+    for brv in blocks:
+        block = sch.get(brv)
+        body = block.body
+        if not isinstance(body, tirx.BufferStore):
+            written.clear()  # only a trailing run of copies
+            out.clear()
+            continue
+        is_param = any(body.buffer.same_as(p) for p in params)
+        src = body.value
+        if (
+            is_param
+            and block.init is None
+            and isinstance(src, tvm.ir.TensorLoad)
+            and src.source.name in written
+            and all(int(iv.iter_type) == 0 for iv in block.iter_vars)
+        ):
+            out[block.name_hint] = src.source.name
+            continue
+        out.clear()
+        if is_param:
+            written[body.buffer.name] = block.name_hint
+    return out
 
 
 def analyze(func: tirx.PrimFunc) -> Kernel | None:
@@ -159,10 +240,12 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
     params = {names(p): p for p in func.params if hasattr(p.ty, "shape")}
     ops: list[BasicOp] = []
     symbolic = False
+    copies = _layout_copies(sch, blocks, func)
     for brv in blocks:
         block = sch.get(brv)
+        if block.name_hint in copies:
+            continue
         loops = sch.get_loops(brv)
-        realize = sch.get_sref(brv).stmt  # noqa: F841 - the block itself
         stores = list(_stores(block.body))
         if len(stores) != 1 or block.alloc_buffers or block.match_buffers:
             return None
@@ -173,6 +256,11 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
         if any(int(iv.iter_type) not in (0, 2) for iv in block.iter_vars):
             return None
         spatial_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0]
+        unit = [
+            iv.var
+            for iv in block.iter_vars
+            if isinstance(iv.dom.extent, tirx.IntImm) and int(iv.dom.extent) == 1
+        ]
         red_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
         spatial, reduce = [], []
         for iv in block.iter_vars:
@@ -181,10 +269,11 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
             (spatial if int(iv.iter_type) == 0 else reduce).append(ext)
         accesses = []
         trailing_reduce = True
+        contraction = False
         for ld in _loads(store.value):
             if ld.source.same_as(store.buffer):
                 continue  # the reduction's own accumulator
-            kind = _classify(ld, store, spatial_vars)
+            kind = _classify(ld, store, spatial_vars, unit)
             if kind == "other" and red_vars and all(isinstance(i, tirx.Var) for i in ld.indices):
                 kind = "same"  # a reduction's input: the store's indices plus reduced axes
             last = ld.indices[-1] if len(ld.indices) else None
@@ -194,6 +283,12 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
                 if any(_vars(i) & set(red_vars) for i in ld.indices):
                     trailing_reduce = False
             accesses.append(Access(names(ld.source), kind, trailing))
+            if red_vars and not _covers_spatial(ld, spatial_vars) and _uses_any(ld, red_vars):
+                # an operand reused across outputs along the reduction: a contraction
+                # (matmul, convolution) -- compute-intensive, for libraries and dlight
+                contraction = True
+        if contraction:
+            return None
         if any(a.kind == "other" for a in accesses) or _gathers(store.value):
             return None  # gathers, slices with offsets, reshapes: not a GIR basic operator
         if red_vars:
@@ -235,6 +330,7 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
     kernel.params = list(params)
     kernel.intermediates = intermediates
     kernel.consumers = consumers
+    kernel.copies = copies
     sizes = {}
     for name, buf in params.items():
         total = 1
@@ -324,6 +420,17 @@ class _Names:
             name, k = f"{var.name}#{k}", k + 1
         self.known.append((var, name))
         return name
+
+
+def _covers_spatial(ld: object, spatial_vars: list) -> bool:
+    used: set = set()
+    for idx in ld.indices:
+        used |= _vars(idx)
+    return set(spatial_vars) <= used
+
+
+def _uses_any(ld: object, iters: list) -> bool:
+    return any(_vars(idx) & set(iters) for idx in ld.indices)
 
 
 def _gathers(expr: tvm.ir.Expr) -> bool:

@@ -267,5 +267,17 @@ def merge(kernel: Kernel, graphs: list[Graph]) -> Graph:
 
 
 def generate(kernel: Kernel, parallel: Parallel, params: dict) -> Graph:
-    """The merged GIR graph of ``kernel`` for one choice of template parameters."""
-    return merge(kernel, [op_graph(kernel, op, parallel, params) for op in kernel.ops])
+    """The merged GIR graph of ``kernel`` for one choice of template parameters; a layout copy
+    of an output is one more store of the value the kernel holds in registers."""
+    g = merge(kernel, [op_graph(kernel, op, parallel, params) for op in kernel.ops])
+    for block, source in kernel.copies.items():
+        stores = [
+            n
+            for n in g.nodes
+            if n.kind is Kind.MOVE and n.outputs[0].tensor == source and n.outputs[0].hierarchy is G
+        ]
+        if stores:
+            value = stores[-1].inputs[0]
+            dst = dataclasses.replace(stores[-1].outputs[0], tensor=block)
+            g.add(GOp(Kind.MOVE, [value], [dst], attrs={"block": block}))
+    return g

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import tirx
 
-from .analysis import Kernel, analyze
+from .analysis import Kernel, analyze, normalize
 from .generate import generate
 from .ir import Graph, Parallel
 from .model import Estimate, Machine, estimate, lower_bound, machine_for
@@ -28,6 +28,7 @@ class Plan:
     placement: dict[str, str]
     candidates: int = 0
     ranked: list = field(default_factory=list)  # (seconds, params) of every candidate
+    func: tirx.PrimFunc | None = None  # the normalized kernel the plan is for (lower this)
 
     @property
     def parallel(self) -> Parallel:
@@ -146,7 +147,11 @@ def plan_kernel(kernel: Kernel, m: Machine, budget: int = 0) -> Plan | None:
 
 def plan(func: tirx.PrimFunc, target: tvm.target.Target, budget: int = 0) -> Plan | None:
     """Analyze ``func`` and plan it for ``target``; ``None`` when it is not a GIR kernel."""
+    func = normalize(func)
     kernel = analyze(func)
     if kernel is None:
         return None
-    return plan_kernel(kernel, machine_for(target), budget)
+    best = plan_kernel(kernel, machine_for(target), budget)
+    if best is not None:
+        best.func = func
+    return best
