@@ -249,3 +249,44 @@ def test_written_out_activation_is_recognised_by_value(form, fused):
     stats = _run(_NewGELU(form), torch.randn(1, 8, 32))
     assert _library(stats) == {"gemm_epilogue": 1}
     assert (stats["kernels"] == 1) == fused
+
+
+class _BmmSoftmax(nn.Module):
+    """Two activations multiplied (batch_gemm), a softmax of another tensor (softmax)."""
+
+    def forward(self, a, b, c):
+        return (a @ b.transpose(-1, -2)) * 0.5, c.softmax(-1)
+
+
+def test_batch_gemm_and_softmax_entries():
+    torch.manual_seed(0)
+    module = _BmmSoftmax().eval()
+    args = (torch.randn(2, 3, 8, 16), torch.randn(2, 3, 8, 16), torch.randn(4, 32))
+    compiled = plus_tvm.compile(module, example_args=args, options=LIB)
+    outs = compiled(*args)
+    refs = module(*args)
+    for out, ref in zip(outs, refs):
+        np.testing.assert_allclose(np.asarray(out), ref.numpy(), rtol=1e-4, atol=1e-5)
+    assert _library(compiled.stats) == {"batch_gemm": 1, "softmax": 1}
+
+
+@pytest.mark.parametrize(
+    "model, entries",
+    [
+        ("resnet50-tiny", {"conv2d_epilogue", "conv2d_pointwise", "conv2d_strided_pointwise"}),
+        ("mobilenetv2-tiny", {"conv2d_depthwise", "conv2d_pointwise", "conv2d_strided"}),
+        ("efficientnet-b0-tiny", {"conv2d_depthwise", "conv2d_pixel", "conv2d_pointwise"}),
+    ],
+)
+def test_cnn_convolutions_match_conv_entries(model, entries):
+    from plus_tvm.loader import load_model
+
+    loaded = load_model(f"zoo:{model}")
+    compiled = plus_tvm.compile(f"zoo:{model}", options=LIB)
+    with torch.no_grad():
+        ref = loaded.torch_module(*loaded.example_inputs)
+    out = compiled(*loaded.example_inputs)
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    ref = ref if isinstance(ref, torch.Tensor) else ref[0]
+    np.testing.assert_allclose(np.asarray(out), ref.numpy(), rtol=1e-3, atol=1e-4)
+    assert entries <= set(compiled.stats["patterns"]), compiled.stats["dispatch"]
