@@ -75,8 +75,18 @@ def _cpu_lanes(target: tvm.target.Target) -> int:
     return max(int(bits) // 32, 4) if bits and bits > 0 else 4
 
 
+def _runtime_threads() -> int:
+    try:
+        return int(tvm.get_global_func("runtime.NumThreads")())
+    except Exception:  # noqa: BLE001 - a runtime without the query: trust the target
+        return 0
+
+
 def cpu_machine(target: tvm.target.Target, figures: dict | None = None) -> Machine:
     cores = int(target.attrs.get("num-cores", 0) or os.cpu_count() or 1)
+    # parallel loops run on the runtime's thread pool, which may be smaller than the target's
+    # cores (TVM sizes it at start-up from TVM_NUM_THREADS, by default half the x86 threads)
+    cores = max(1, min(cores, _runtime_threads() or cores))
     lanes = _cpu_lanes(target)
     f = dict(_CPU_DEFAULT)
     if figures:
@@ -157,7 +167,10 @@ def figures_key(target: tvm.target.Target) -> str:
             cpu = next((ln for ln in f if ln.startswith("model name")), "")
     except OSError:
         pass
-    text = f"{target.attrs.get('mcpu', '')}|{target.attrs.get('num-cores', '')}|{cpu.strip()}"
+    text = (
+        f"{target.attrs.get('mcpu', '')}|{target.attrs.get('num-cores', '')}|{cpu.strip()}"
+        f"|threads={_runtime_threads()}"
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -182,6 +195,8 @@ def measure_cpu(target: tvm.target.Target, store: bool = True, seconds: float = 
 
     lanes = _cpu_lanes(target)
 
+    # with the runtime's thread pool as it is: TVM sizes it at start-up (``TVM_NUM_THREADS``;
+    # by default half the hardware threads on x86), and kernels will run on that pool
     cores = int(target.attrs.get("num-cores", 1) or 1)
 
     def copy_kernel(n: int, reps: int):
