@@ -201,7 +201,17 @@ def _lower_elementwise(sch: s_tir.Schedule, p: Plan) -> None:
             _thread_split(sch, [ii, ji], min(threads, tile * tile))
             _thread_split(sch, sch.get_loops(cache)[1:], min(threads, tile * tile))
             continue
-        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        bx, tx = sch.split(fused, [None, threads])
+        vector = p.params.get("vector", 1)
+        last = exts[-1] if exts else None
+        if vector > 1 and last is not None and last % vector == 0:
+            # vector accesses (float4): each thread moves ``vector`` adjacent elements of the
+            # innermost axis, so the access stays provably contiguous
+            outer, vec = sch.split(loops[-1], [None, vector])
+            fused = sch.fuse(*loops[:-1], outer) if len(loops) > 1 else outer
+            bx, tx = sch.split(fused, [None, threads])
+            sch.vectorize(vec)
+        else:
+            fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+            bx, tx = sch.split(fused, [None, threads])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")

@@ -11,10 +11,12 @@ from tvm import relax
 KINDS = (
     "layernorm",
     "add_layernorm",
+    "add_layernorm_2out",
     "rmsnorm",
     "softmax",
     "gelu",
     "silu_mul",
+    "add_scale",
     "transpose_add",
     "rowsum",
     "colsum",
@@ -61,6 +63,10 @@ def build(kind: str, shape: list) -> tvm.IRModule:
                 r = _var("r", shape)
                 params += [r]
                 y = bb.emit(op.multiply(bb.emit(op.nn.silu(x)), r))
+            elif kind == "add_scale":
+                r = _var("r", shape)
+                params += [r]
+                y = bb.emit(op.multiply(bb.emit(op.add(x, r)), relax.const(0.5, "float32")))
             elif kind == "transpose_add":
                 r = _var("r", [shape[1], shape[0]])
                 params += [r]

@@ -57,6 +57,7 @@ CASES = [
         "softmax",
         "gelu",
         "silu_mul",
+        "add_scale",
         "rowsum",
         "colsum",
         "colmean",
@@ -190,6 +191,8 @@ def test_cuda_elementwise_and_transpose(sm90):
     assert "__shared__" in src  # a tile staged so both global accesses are coalesced
     src = _cuda_source("gelu", [512, 3072], sm90)
     assert "erff" in src or "erf" in src
+    src = _cuda_source("add_scale", [512, 3072], sm90)
+    assert "float4" in src  # vector accesses
 
 
 def test_cuda_pipeline_tries_gir_before_dlight(sm90):

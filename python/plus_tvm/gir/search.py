@@ -91,7 +91,9 @@ def candidates(kernel: Kernel, m: Machine) -> list[tuple[Parallel, dict]]:
     # GPU: a warp is the unit; threads per row as multiples of warps, elements per access
     if kernel.structure == "row":
         longest = min(1024, max(32, 1 << (max(kernel.row_len, 1) - 1).bit_length()))
-        for threads, v, rc in itertools.product(_pow2_upto(32, longest), (1, 2, 4), recompute):
+        # one element per thread and access: reductions bound to threads (shuffles) read
+        # strided by the block size, which keeps every warp access coalesced
+        for threads, v, rc in itertools.product(_pow2_upto(32, longest), (1,), recompute):
             if threads * v > max(kernel.row_len, 32) * 2:
                 continue
             w = threads // 32
@@ -112,11 +114,15 @@ def candidates(kernel: Kernel, m: Machine) -> list[tuple[Parallel, dict]]:
     else:
         tiles = [0] + [t for t in (16, 32, 64) if t * t * 4 <= m.tile_bytes]
         tiles = tiles if has_transpose else [0]
-        for threads, t in itertools.product((128, 256, 512), tiles):
+        # float4 accesses; CUDA has no vector transcendental calls, so TVM would scalarize
+        vectors = (1,) if has_trans else (4, 1)
+        for threads, t, v in itertools.product((128, 256, 512), tiles, vectors):
+            if t and v > 1:
+                continue  # a staged tile is read one element per thread
             out.append(
                 (
-                    Parallel("warp", 32, 1, units_per_block=threads // 32),
-                    {"vector": 1, "threads": threads, "tile": t, "row_len": t or threads},
+                    Parallel("warp", 32, v, units_per_block=threads // 32),
+                    {"vector": v, "threads": threads, "tile": t, "row_len": t or threads * v},
                 )
             )
     return out
