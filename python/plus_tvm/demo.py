@@ -16,6 +16,17 @@ from .compiler import inspect
 from .errors import PlusError
 
 
+def _latency(backend: dict) -> str:
+    if backend.get("median_ms") is None:
+        return str(backend.get("status"))
+    return f"{backend['median_ms']:.1f} ({backend['runs']} runs)"
+
+
+def _speedup(result: dict, peer: str) -> str:
+    value = result["speedup"].get(peer)
+    return f"{value:.3f}x" if isinstance(value, (int, float)) else str(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default="zoo:bert-base")
@@ -30,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         tvm_stats = inspect(args.model, args.target, pipeline="tvm")
         result = Bench(
             args.model,
-            ["plus", "torch"],
+            ["plus", "torch", "onnxruntime"],
             target=args.target,
             runs=args.runs,
             warmup=0,
@@ -41,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: error: {err}", file=sys.stderr)
         return 2
     plus, torch_ = result["backends"]["plus"], result["backends"]["torch"]
+    ort = result["backends"]["onnxruntime"]
     stats = result["stats"]
     rows = [
         ("model", result["model"]),
@@ -53,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         ("plus latency (median ms)", f"{plus['median_ms']:.1f} ({plus['runs']} runs)"),
         ("torch eager latency (median ms)", f"{torch_['median_ms']:.1f} ({torch_['runs']} runs)"),
         ("plus speedup over torch eager", f"{result['speedup']['torch']:.3f}x"),
+        ("onnxruntime latency (median ms)", _latency(ort)),
+        ("plus speedup over onnxruntime", _speedup(result, "onnxruntime")),
+        ("library calls (PluS dispatch)", stats["library_calls"]),
+        ("warehouse entries matched", ", ".join(f"{k} x{v}" for k, v in stats["patterns"].items())),
         ("plus kernels / TVM default kernels", f"{stats['kernels'] / tvm_stats['kernels']:.2f}"),
         ("max abs error vs torch eager", f"{plus['max_abs_err']:.2e}"),
         ("compile time plus (s)", f"{stats['compile_s']:.1f}"),
