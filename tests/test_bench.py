@@ -108,3 +108,15 @@ def test_unknown_backend_is_rejected():
 def test_backend_defaults():
     b = Backend("x")
     assert not b.active and b.status == "ok"
+
+
+def test_plus_variant_backend_is_compiled_with_its_options():
+    bench = _bench(
+        backends=["plus", "plus:dispatch=false+fusion=tvm"], runs=2, warmup=0, progress=False
+    )
+    result = bench.run()
+    variant = result["backends"]["plus:dispatch=false+fusion=tvm"]
+    assert variant["status"] == "ok" and variant["max_abs_err"] < 1e-4
+    assert "plus:dispatch=false+fusion=tvm" in result["speedup"]
+    with pytest.raises(Exception, match="unknown option"):
+        _bench(backends=["plus", "plus:nonsense=1"], progress=False)

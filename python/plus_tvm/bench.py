@@ -93,9 +93,18 @@ class Bench:
         progress: bool = True,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        unknown = [b for b in backends if b not in BACKENDS]
+        unknown = [b for b in backends if b not in BACKENDS and not b.startswith("plus:")]
         if unknown:
-            raise PlusError(f"unknown backend(s) {unknown}; choose from {list(BACKENDS)}")
+            raise PlusError(
+                f"unknown backend(s) {unknown}; choose from {list(BACKENDS)} or a plus variant "
+                "plus:KEY=VALUE[+KEY=VALUE...] (e.g. plus:gir=false)"
+            )
+        base = options or Options()
+        self.variants = {  # plus with other options, measured beside plus (e.g. an ablation)
+            b: Options.from_pairs(b[len("plus:") :].split("+"), base=base)
+            for b in backends
+            if b.startswith("plus:")
+        }
         names = ["plus"] + [b for b in backends if b != "plus"]
         self.names = list(dict.fromkeys(names))
         self.model = model
@@ -130,14 +139,16 @@ class Bench:
         by_name = {b.name: b for b in backends}
         inputs: tuple[np.ndarray, ...] | None = None
 
-        for name in ("plus", "tvm"):
+        for name in ("plus", "tvm", *self.variants):
             if name not in by_name:
                 continue
             b = by_name[name]
             start = time.perf_counter()
             try:
                 self.log(f"[bench] compiling with the {name} pipeline")
-                cm = plus_compile(loaded, self.target, options=self.options, pipeline=name)
+                options = self.variants.get(name, self.options)
+                pipeline = "tvm" if name == "tvm" else "plus"
+                cm = plus_compile(loaded, self.target, options=options, pipeline=pipeline)
                 if inputs is None:
                     inputs = self._inputs(loaded, cm.inputs)
                 prepared = cm.prepare(*inputs)
