@@ -137,12 +137,14 @@ def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights):  
                 seen.add(match.members)
                 report.matched[match.entries[0].name] += 1
             for state in (match, *match.fallbacks):
-                ctx = Ctx(graph, state.members, weights)
+                ctx = Ctx(graph, state.members, weights, taken=absorbed)
                 chosen = _choose(state, ctx, graph, kind, cost, report)
                 if chosen is not None:
                     break
             if chosen is None or chosen[2].final in calls:
                 continue
+            if absorbed & set(chosen[2].absorbed):
+                continue  # a binding another call already absorbed
             seen.add(chosen[2].final)
             entry, impl, call = chosen
             calls[call.final] = call

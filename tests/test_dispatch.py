@@ -290,3 +290,33 @@ def test_cnn_convolutions_match_conv_entries(model, entries):
     ref = ref if isinstance(ref, torch.Tensor) else ref[0]
     np.testing.assert_allclose(np.asarray(out), ref.numpy(), rtol=1e-3, atol=1e-4)
     assert entries <= set(compiled.stats["patterns"]), compiled.stats["dispatch"]
+
+
+class _ConvBN(nn.Module):
+    def __init__(self, act: nn.Module, residual: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.act = act
+        self.residual = residual
+        with torch.no_grad():
+            self.bn.running_mean.normal_()
+            self.bn.running_var.uniform_(0.5, 2.0)
+            self.bn.weight.normal_()
+            self.bn.bias.normal_()
+
+    def forward(self, x):
+        y = self.act(self.bn(self.conv(x)))
+        return y + x if self.residual else y
+
+
+@pytest.mark.parametrize(
+    "act", [nn.ReLU(), nn.ReLU6(), nn.Identity()], ids=["relu", "relu6", "none"]
+)
+@pytest.mark.parametrize("residual", [False, True])
+def test_batch_norm_and_activation_fold_into_the_convolution(act, residual):
+    torch.manual_seed(0)
+    stats = _run(_ConvBN(act, residual), torch.randn(1, 8, 16, 16))
+    assert _library(stats) == {"conv2d_epilogue": 1}
+    # conv + BN + activation (+ the residual after it) is one library call
+    assert stats["kernels"] == 1

@@ -67,6 +67,7 @@ def clear_caches() -> None:
     for kernel in KERNELS.values():
         kernel.cache.clear()
     KERNELS["plus.conv2d"].choices.clear()
+    KERNELS["plus.conv2d"].folded.clear()
     KERNELS["plus.attention"].causal_masks.clear()
 
 

@@ -434,7 +434,7 @@ def write_out(out: torch.Tensor, result: torch.Tensor) -> None:
     out.copy_(result)
 
 
-ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+ACTIVATIONS = ("none", "relu", "relu6", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
 
 def apply_activation_(x: torch.Tensor, act: str) -> torch.Tensor:
@@ -443,6 +443,8 @@ def apply_activation_(x: torch.Tensor, act: str) -> torch.Tensor:
         return x
     if act == "relu":
         return x.relu_()
+    if act == "relu6":
+        return x.clamp_(0.0, 6.0)
     if act == "gelu":
         return torch.ops.aten.gelu_(x)
     if act == "gelu_tanh":
@@ -456,10 +458,12 @@ def apply_activation_(x: torch.Tensor, act: str) -> torch.Tensor:
     raise ValueError(f"unknown activation {act!r}")
 
 
-# oneDNN post-op (attr, algorithm) for each activation.
+# oneDNN post-op (attr, algorithm) for each activation; ONEDNN_SCALARS: the op's scalars.
+ONEDNN_SCALARS = {"relu6": [0.0, 6.0]}
 ONEDNN_UNARY = {
     "none": ("none", ""),
     "relu": ("relu", ""),
+    "relu6": ("hardtanh", ""),
     "gelu": ("gelu", "none"),
     "gelu_tanh": ("gelu", "tanh"),
     "silu": ("swish", ""),

@@ -31,6 +31,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from ._common import (
     ACTIVATIONS,
+    ONEDNN_SCALARS,
     ONEDNN_UNARY,
     ConfigSpec,
     Field,
@@ -41,6 +42,7 @@ from ._common import (
     integer,
     ints,
     onednn_usable,
+    real,
 )
 
 
@@ -65,6 +67,8 @@ CONV2D_SPEC = ConfigSpec(
     residual=flag(),
     act=choice(*ACTIVATIONS),
     prepack=flag(True),
+    bn=flag(),
+    bn_eps=real(1e-5),
 )
 
 TRIAL_ROUNDS = 4
@@ -72,7 +76,14 @@ MARGIN = 0.9
 
 
 class Conv2d(LibraryKernel):
-    """``plus.conv2d(x, w, [bias], [residual], config, out)``."""
+    """``plus.conv2d(x, w, [bias], [gamma, beta, mean, var], [residual], config, out)``.
+
+    With ``bn=1`` an inference BatchNorm after the convolution is folded into it: the four
+    statistics tensors follow the bias and the kernel convolves with ``W * s`` and adds
+    ``(bias - mean) * s + beta``, ``s = gamma / sqrt(var + bn_eps)``. The folded weight and bias
+    are computed once per set of parameter tensors (kept alive by the cache, like a prepacked
+    weight) and never per call; parameters changed in place need ``clear_caches()``.
+    """
 
     name = "plus.conv2d"
     spec = CONV2D_SPEC
@@ -81,9 +92,27 @@ class Conv2d(LibraryKernel):
         super().__init__()
         # (shapes, attributes) -> "onednn" | "aten", decided by timing at the first call
         self.choices: dict[tuple, str] = {}
+        # (data pointers of w, bias and the statistics) -> (sources kept alive, folded w, b)
+        self.folded: dict[tuple, tuple] = {}
 
     def num_inputs(self, cfg) -> int:
-        return 2 + cfg.bias + cfg.residual
+        return 2 + cfg.bias + 4 * cfg.bn + cfg.residual
+
+    def _fold(self, cfg, w, bias, stats) -> tuple[torch.Tensor, torch.Tensor]:
+        key = tuple((t.data_ptr(), tuple(t.shape)) for t in (w, *stats)) + (
+            (bias.data_ptr(),) if bias is not None else (None,),
+            cfg.bn_eps,
+        )
+        hit = self.folded.get(key)
+        if hit is None:
+            gamma, beta, mean, var = stats
+            scale = gamma / torch.sqrt(var + cfg.bn_eps)
+            wf = (w * scale.view(-1, 1, 1, 1)).contiguous()
+            b0 = bias if bias is not None else torch.zeros_like(mean)
+            bf = ((b0 - mean) * scale + beta).contiguous()
+            hit = ((w, bias, *stats), wf, bf)
+            self.folded[key] = hit
+        return hit[1], hit[2]
 
     def check(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         x, w = inputs[0], inputs[1]
@@ -162,7 +191,16 @@ class Conv2d(LibraryKernel):
             return
         attr, algorithm = ONEDNN_UNARY[cfg.act]
         y = torch.ops.mkldnn._convolution_pointwise(
-            x, wp, bias, padding, stride, dilation, cfg.groups, attr, [], algorithm
+            x,
+            wp,
+            bias,
+            padding,
+            stride,
+            dilation,
+            cfg.groups,
+            attr,
+            ONEDNN_SCALARS.get(cfg.act, []),
+            algorithm,
         )
         if residual is not None:
             torch.add(y, residual, out=out)
@@ -196,6 +234,9 @@ class Conv2d(LibraryKernel):
         x, w = inputs[0], inputs[1]
         rest = list(inputs[2:])
         bias = rest.pop(0) if cfg.bias else None
+        if cfg.bn:
+            stats = [rest.pop(0) for _ in range(4)]
+            w, bias = self._fold(cfg, w, bias, stats)
         residual = rest.pop(0) if cfg.residual else None
         args = (x, w, bias, residual, out)
         if not (cfg.prepack and onednn_usable(x, w, out)):

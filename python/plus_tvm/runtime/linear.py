@@ -19,6 +19,7 @@ import torch
 
 from ._common import (
     ACTIVATIONS,
+    ONEDNN_SCALARS,
     ONEDNN_UNARY,
     ConfigSpec,
     LibraryKernel,
@@ -88,7 +89,9 @@ def onednn_linear(
             x, residual.contiguous(), weight, bias, "add"
         )
     attr, algorithm = ONEDNN_UNARY[act]
-    y = torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm)
+    y = torch.ops.mkldnn._linear_pointwise(
+        x, weight, bias, attr, ONEDNN_SCALARS.get(act, []), algorithm
+    )
     if residual is not None:
         y.add_(residual)
     return y

@@ -62,10 +62,17 @@ class LibraryCall:
 class Ctx:
     """Read access to the block of a match for binders."""
 
-    def __init__(self, graph: OpGraph, members: tuple[int, ...], weights: set[int]) -> None:
+    def __init__(
+        self,
+        graph: OpGraph,
+        members: tuple[int, ...],
+        weights: set[int],
+        taken: set[int] = frozenset(),
+    ) -> None:
         self.g = graph
         self.members = set(members)
         self.weights = weights  # var ids of function parameters that are weights
+        self.taken = taken  # bindings earlier library calls absorbed
 
     # --- bindings -------------------------------------------------------------------------
     def index(self, expr: relax.Expr) -> int | None:
@@ -92,15 +99,20 @@ class Ctx:
             return None
         return i, self.g.nodes[i].call
 
-    def sole_consumer(self, index: int, absorbed: list[int]) -> int | None:
-        """The member consuming ``index`` when it is the value's only use."""
+    def sole_consumer(self, index: int, absorbed: list[int], anywhere: bool = False) -> int | None:
+        """The member consuming ``index`` when it is the value's only use (``anywhere``: any
+        binding of the block, for operators +Graphs do not cover, such as a tuple-valued
+        batch_norm and what follows it; the dispatcher keeps calls from sharing bindings)."""
         node = self.g.nodes[index]
         if index in self.g.outside_uses or len(node.consumers) != 1:
             return None
         c = node.consumers[0]
-        if c not in self.members or c in absorbed:
+        if (c not in self.members and not anywhere) or c in absorbed or c in self.taken:
             return None
         return c
+
+    def value(self, index: int) -> relax.Expr:
+        return self.g.value(index)
 
     def var(self, index: int) -> relax.Var:
         return self.g.nodes[index].var
@@ -123,6 +135,21 @@ class Ctx:
         earlier binding)."""
         i = self.index(expr)
         return i is None or i < position
+
+
+def activation_of(op: str, call: relax.Call) -> str | None:
+    """The library activation an operator is (``clip(x, 0, 6)`` is ``relu6``), else None."""
+    if op in ACTIVATIONS:
+        return ACTIVATIONS[op]
+    if op == "relax.clip":
+        bounds = []
+        for arg in call.args[1:3]:
+            value = getattr(arg, "value", None)  # a FloatImm, or a PrimValue holding one
+            value = getattr(value, "value", value)
+            bounds.append(float(value) if isinstance(value, (int, float)) else None)
+        if bounds == [0.0, 6.0]:
+            return "relu6"
+    return None
 
 
 def pre_binding(name: str, expr: relax.Expr) -> tuple[relax.Var, relax.Expr]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tvm import relax
 
-from .common import ACTIVATIONS, Ctx, LibraryCall, pre_binding, same_shape, shape_of
+from .common import Ctx, LibraryCall, activation_of, pre_binding, same_shape, shape_of
 
 
 def bind_conv2d(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
@@ -42,8 +42,17 @@ def bind_conv2d(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         cur = i
         bias = residual = None
         act = "none"
+        stats: list[relax.Expr] | None = None
         while True:
-            nxt = ctx.sole_consumer(cur, absorbed)
+            nxt = ctx.sole_consumer(cur, absorbed, anywhere=stats is not None)
+            if nxt is None and stats is None and act == "none" and residual is None:
+                folded = _batch_norm_after(ctx, cur, absorbed)
+                if folded is not None:  # conv -> batch_norm -> [0]: folded into the conv
+                    stats, eps, bn_index, item_index = folded
+                    cfg["bn"], cfg["bn_eps"] = True, eps
+                    absorbed += [bn_index, item_index]
+                    cur = item_index
+                    continue
             if nxt is None:
                 break
             op, c = ctx.op(nxt), ctx.call(nxt)
@@ -66,8 +75,8 @@ def bind_conv2d(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
                     residual = other
                 else:
                     break
-            elif op in ACTIVATIONS and act == "none" and residual is None:
-                act = ACTIVATIONS[op]
+            elif activation_of(op, c) is not None and act == "none" and residual is None:
+                act = activation_of(op, c)
             else:
                 break
             absorbed.append(nxt)
@@ -76,9 +85,34 @@ def bind_conv2d(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
             pre.append(pre_binding("plus_bias", relax.op.reshape(bias, [c_out])))
             args.append(pre[-1][0])
             cfg["bias"] = True
+        if stats is not None:
+            args.extend(stats)
         if residual is not None:
             args.append(residual)
             cfg["residual"] = True
         cfg["act"] = act
         return LibraryCall("plus.conv2d", args, cfg, cur, absorbed, pre)
     return None
+
+
+def _batch_norm_after(ctx: Ctx, cur: int, absorbed: list[int]):  # noqa: ANN202
+    """(statistics, eps, bn binding, item binding) for ``bn = batch_norm(cur, ...); y =
+    bn[0]`` with weight statistics, channel axis 1, and nothing else using ``bn``."""
+    bn = ctx.sole_consumer(cur, absorbed, anywhere=True)
+    if bn is None or ctx.op(bn) != "relax.nn.batch_norm":
+        return None
+    call = ctx.call(bn)
+    at = call.attrs
+    if int(at.axis) != 1 or not all(ctx.is_weight(a) for a in call.args[1:5]):
+        return None
+    if not (bool(at.center) and bool(at.scale)) or getattr(at, "training", False):
+        return None
+    node = ctx.g.nodes[bn]
+    if bn in ctx.g.outside_uses or len(node.consumers) != 1:
+        return None
+    item = node.consumers[0]
+    value = ctx.value(item)
+    if not isinstance(value, relax.TupleGetItem) or int(value.index) != 0 or item in absorbed:
+        return None
+    gamma, beta, mean, var = call.args[1:5]
+    return [gamma, beta, mean, var], float(at.epsilon), bn, item
