@@ -41,7 +41,9 @@ def _is_gpu(target: tvm.target.Target) -> bool:
 def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     """Phase 1: +Graph identification and warehouse library calls (``dispatch``), then TVM's
     own library dispatch for the target."""
-    passes: list[tvm.transform.Pass] = []
+    from .passes import GlobalPoolToMean
+
+    passes: list[tvm.transform.Pass] = [GlobalPoolToMean()]
     if options.dispatch:
         from .costmodel import DispatchCost
         from .passes import PlusDispatch, SimplifyViews
