@@ -191,6 +191,9 @@ def test_dispatch_off_leaves_everything_to_tir():
         ("t5-encoder-tiny", {"gemm_epilogue", "attention", "rms_norm"}),
         ("llama-tiny", {"gemm_epilogue", "attention", "rms_norm"}),
         ("vit-tiny", {"gemm_epilogue", "attention", "layer_norm"}),
+        ("resnet50-tiny", {"conv2d_epilogue", "conv2d_pointwise", "conv2d_strided_pointwise"}),
+        ("mobilenetv2-tiny", {"conv2d_depthwise", "conv2d_pointwise", "conv2d_strided"}),
+        ("efficientnet-b0-tiny", {"conv2d_depthwise", "conv2d_pixel", "conv2d_pointwise"}),
     ],
 )
 def test_zoo_models_match_entries_with_torch_numerics(model, entries):
@@ -200,10 +203,12 @@ def test_zoo_models_match_entries_with_torch_numerics(model, entries):
     compiled = plus_tvm.compile(f"zoo:{model}", options=LIB)
     with torch.no_grad():
         ref = loaded.torch_module(*loaded.example_inputs)
-    ref = getattr(ref, "last_hidden_state", None) if not isinstance(ref, torch.Tensor) else ref
+    if not isinstance(ref, torch.Tensor):
+        hidden = getattr(ref, "last_hidden_state", None)
+        ref = hidden if hidden is not None else ref[0]
     out = compiled(*loaded.example_inputs)
     out = out[0] if isinstance(out, (list, tuple)) else out
-    np.testing.assert_allclose(np.asarray(out), ref.numpy(), rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(np.asarray(out), ref.numpy(), rtol=1e-3, atol=2e-4)
     assert entries <= set(compiled.stats["patterns"]), compiled.stats["dispatch"]
 
 
@@ -268,28 +273,6 @@ def test_batch_gemm_and_softmax_entries():
     for out, ref in zip(outs, refs):
         np.testing.assert_allclose(np.asarray(out), ref.numpy(), rtol=1e-4, atol=1e-5)
     assert _library(compiled.stats) == {"batch_gemm": 1, "softmax": 1}
-
-
-@pytest.mark.parametrize(
-    "model, entries",
-    [
-        ("resnet50-tiny", {"conv2d_epilogue", "conv2d_pointwise", "conv2d_strided_pointwise"}),
-        ("mobilenetv2-tiny", {"conv2d_depthwise", "conv2d_pointwise", "conv2d_strided"}),
-        ("efficientnet-b0-tiny", {"conv2d_depthwise", "conv2d_pixel", "conv2d_pointwise"}),
-    ],
-)
-def test_cnn_convolutions_match_conv_entries(model, entries):
-    from plus_tvm.loader import load_model
-
-    loaded = load_model(f"zoo:{model}")
-    compiled = plus_tvm.compile(f"zoo:{model}", options=LIB)
-    with torch.no_grad():
-        ref = loaded.torch_module(*loaded.example_inputs)
-    out = compiled(*loaded.example_inputs)
-    out = out[0] if isinstance(out, (list, tuple)) else out
-    ref = ref if isinstance(ref, torch.Tensor) else ref[0]
-    np.testing.assert_allclose(np.asarray(out), ref.numpy(), rtol=1e-3, atol=1e-4)
-    assert entries <= set(compiled.stats["patterns"]), compiled.stats["dispatch"]
 
 
 class _ConvBN(nn.Module):
