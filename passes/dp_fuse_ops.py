@@ -283,6 +283,20 @@ class _FunctionFuser:
             relax.Var(e.name if isinstance(e, relax.Var) else f"c{k}", e.ty)
             for k, e in enumerate(externals)
         ]
+        # A symbolic size the group uses (tir_vars of its calls, its outputs' shapes) that no
+        # parameter defines as a bare dimension (``s*8`` does not define ``s``) would leave the
+        # outlined function's results without shapes, and FuseTIR cannot merge kernels that
+        # take the size as an extra argument: such a group is left unfused.
+        defined_syms: set[int] = set()
+        for param in params:
+            for sym in relax.analysis.definable_tir_vars_in_type(param.ty):
+                defined_syms.add(sym.id_)
+        for b in members:
+            exprs = [*b.value.args[2:]] if isinstance(b.value, relax.Call) else []
+            used = [v for e in exprs for v in relax.analysis.free_symbolic_vars(e)]
+            used += list(relax.analysis.tir_vars_in_type(b.var.ty))
+            if any(sym.id_ not in defined_syms for sym in used):
+                return list(members)
         fb = relax.BlockBuilder()
         with fb.function("fused", params, attrs={"Primitive": True}, private=True):
             with fb.dataflow():

@@ -303,3 +303,35 @@ def test_batch_norm_and_activation_fold_into_the_convolution(act, residual):
     assert _library(stats) == {"conv2d_epilogue": 1}
     # conv + BN + activation (+ the residual after it) is one library call
     assert stats["kernels"] == 1
+
+
+class _DynamicBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 64)
+        self.ln = nn.LayerNorm(64)
+        self.fc2 = nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.fc(x))
+        return self.ln(self.fc2(h) + h)
+
+
+@pytest.mark.parametrize("dispatch", [True, False])
+def test_symbolic_batch_compiles_and_matches_at_several_sizes(dispatch):
+    """Sizes like ``b*8`` (a reshape of a symbolic batch) reach both dispatch and fusion."""
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    module = _DynamicBlock().eval()
+    mod, params = plus_tvm.from_torch(
+        module, (torch.randn(3, 8, 32),), dynamic_shapes={"x": {0: Dim("b", min=1, max=64)}}
+    )
+    compiled = plus_tvm.compile((mod, params), options=LIB.replace(dispatch=dispatch))
+    for batch in (1, 3, 5):
+        x = torch.randn(batch, 8, 32)
+        with torch.no_grad():
+            ref = module(x).numpy()
+        np.testing.assert_allclose(np.asarray(compiled(x)), ref, rtol=1e-4, atol=1e-5)
+    if dispatch:
+        assert _library(compiled.stats) == {"gemm_epilogue": 2, "layer_norm": 1}

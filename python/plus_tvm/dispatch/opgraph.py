@@ -131,15 +131,36 @@ def _basic_ops(node: OpNode, graph: OpGraph, mod: tvm.IRModule, cache: dict) -> 
     return basic_ops(func, names, out_name)
 
 
+def _definable(ty: relax.TensorType, fresh: dict) -> relax.TensorType:
+    """``ty`` with every composite symbolic dimension (``s*8``) replaced by a variable of its
+    own: a function parameter can only define bare variables. The +Loop sizes only need to be
+    consistent, and equal expressions map to the same variable."""
+    if ty.shape is None or not hasattr(ty.shape, "values"):
+        return ty
+    dims = []
+    changed = False
+    for d in ty.shape.values:
+        if isinstance(d, (tvm.tirx.IntImm, tvm.tirx.Var)):
+            dims.append(d)
+            continue
+        key = str(d).replace(" ", "")
+        if key not in fresh:
+            fresh[key] = tvm.tirx.Var(f"d{len(fresh)}", "int64")
+        dims.append(fresh[key])
+        changed = True
+    return relax.TensorType(dims, ty.dtype) if changed else ty
+
+
 def _legalize_alone(call: relax.Call) -> tuple[tvm.tirx.PrimFunc, list[int]] | None:
     """Legalize one call in a function of its own; the PrimFunc and which call arguments
     (by position) it takes, or None when the op does not become exactly one ``call_tir``."""
     params: list[relax.Var] = []
     args: list[relax.Expr] = []
     position_of: dict[int, int] = {}
+    fresh: dict[str, tvm.tirx.Var] = {}
     for pos, arg in enumerate(call.args):
         if isinstance(arg, (relax.Var, tvm.ir.expr.Constant)) and _is_tensor(arg):
-            param = relax.Var(f"a{pos}", arg.ty)
+            param = relax.Var(f"a{pos}", _definable(arg.ty, fresh))
             params.append(param)
             position_of[param.id_] = pos
             args.append(param)
