@@ -21,14 +21,13 @@ import argparse
 import functools
 import json
 import math
-import time
 from collections.abc import Callable
 
-import numpy as np
 import plus_tvm
 import plus_tvm.runtime as rt
 import torch
 import tvm
+from plus_tvm.runtime.perf import time_us
 from plus_tvm.target import resolve_target
 from torch.nn import functional as F  # noqa: N812
 from tvm import relax
@@ -37,14 +36,7 @@ M, HID, FFN, HEADS, HD = 128, 768, 3072, 12, 64
 
 
 def median_ms(fn: Callable[[], object], runs: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+    return time_us(fn, runs, warmup) / 1e3
 
 
 def vm_function(kernel: str, inputs: list[torch.Tensor], config: str, out_shape):

@@ -108,9 +108,11 @@ class Options:
                 f"option fusion_max_group_size must be a positive integer, "
                 f"got {self.fusion_max_group_size!r}"
             )
-        if not isinstance(self.gir_search_budget, int) or isinstance(
-            self.gir_search_budget, bool
-        ) or self.gir_search_budget < 0:
+        if (
+            not isinstance(self.gir_search_budget, int)
+            or isinstance(self.gir_search_budget, bool)
+            or self.gir_search_budget < 0
+        ):
             raise OptionsError(
                 f"option gir_search_budget must be a non-negative integer, "
                 f"got {self.gir_search_budget!r}"

@@ -50,7 +50,7 @@ CUDA_GFLOPS = {
 OVERHEAD_FALLBACK_US = 15.0
 
 
-def _time_us(fn: Callable[[], object], runs: int, warmup: int = 5, best: bool = False) -> float:
+def time_us(fn: Callable[[], object], runs: int, warmup: int = 5, best: bool = False) -> float:
     """Median (or, with ``best``, minimum) wall time of ``fn`` in microseconds.
 
     The minimum is what a throughput estimate wants on a shared machine: other processes only
@@ -142,8 +142,8 @@ def _measure_overhead() -> float:
         kernel.run(kernel.spec.parse("w=nk;prepack=0"), (tx, tw), tout)
 
     # the lowest of several block medians: robust to other processes on a shared machine
-    vm_us = min(_time_us(through_vm, 100) for _ in range(5))
-    direct_us = min(_time_us(direct, 100) for _ in range(5))
+    vm_us = min(time_us(through_vm, 100) for _ in range(5))
+    direct_us = min(time_us(direct, 100) for _ in range(5))
     return max(vm_us - direct_us, 0.0)
 
 
@@ -187,7 +187,7 @@ def _measure_cpu_gflops(kernel: str) -> float:
     cfg = k.spec.parse(config)
     # the lowest of several block minima, spread out so that one busy moment does not decide
     seconds = (
-        min(_time_us(lambda: k.run(cfg, inputs, out), 5, warmup=2, best=True) for _ in range(5))
+        min(time_us(lambda: k.run(cfg, inputs, out), 5, warmup=2, best=True) for _ in range(5))
         / 1e6
     )
     return flops / seconds / 1e9

@@ -152,6 +152,29 @@ def activation_of(op: str, call: relax.Call) -> str | None:
     return None
 
 
+def classify_add(
+    ctx: Ctx,
+    cur: int,
+    nxt: int,
+    bias_fits,
+    can_bias: bool,
+    can_residual: bool,  # noqa: ANN001
+) -> tuple[str, relax.Expr] | None:
+    """What ``add(cur, other)`` at ``nxt`` is to a library epilogue: ``("bias", other)`` for a
+    weight whose shape ``bias_fits``, ``("residual", other)`` for an earlier tensor of the
+    result's shape, None for anything else (including ``cur + cur``)."""
+    call = ctx.call(nxt)
+    a, b = call.args
+    other = b if a.same_as(ctx.var(cur)) else a
+    if other.same_as(ctx.var(cur)):
+        return None
+    if can_bias and ctx.is_weight(other) and bias_fits(shape_of(other)):
+        return "bias", other
+    if can_residual and same_shape(other, ctx.var(nxt)) and ctx.defined_before(other, nxt):
+        return "residual", other
+    return None
+
+
 def pre_binding(name: str, expr: relax.Expr) -> tuple[relax.Var, relax.Expr]:
     """A dataflow binding emitted before the call (a view or small TIR around the library
     call); the variable carries the normalized type."""

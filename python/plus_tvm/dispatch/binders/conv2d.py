@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tvm import relax
 
-from .common import Ctx, LibraryCall, activation_of, pre_binding, same_shape, shape_of
+from .common import Ctx, LibraryCall, activation_of, classify_add, pre_binding, shape_of
 
 
 def bind_conv2d(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
@@ -57,24 +57,20 @@ def bind_conv2d(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
                 break
             op, c = ctx.op(nxt), ctx.call(nxt)
             if op == "relax.add":
-                other = c.args[1] if c.args[0].same_as(ctx.var(cur)) else c.args[0]
-                oshape = shape_of(other)
-                if (
-                    bias is None
-                    and act == "none"
-                    and residual is None
-                    and ctx.is_weight(other)
-                    and oshape in ([1, c_out, 1, 1], [c_out, 1, 1])
-                ):
-                    bias = other
-                elif (
-                    residual is None
-                    and same_shape(other, ctx.var(nxt))
-                    and ctx.defined_before(other, nxt)
-                ):
-                    residual = other
-                else:
+                found = classify_add(
+                    ctx,
+                    cur,
+                    nxt,
+                    lambda shape, c=c_out: shape in ([1, c, 1, 1], [c, 1, 1]),
+                    can_bias=bias is None and act == "none" and residual is None,
+                    can_residual=residual is None,
+                )
+                if found is None:
                     break
+                if found[0] == "bias":
+                    bias = found[1]
+                else:
+                    residual = found[1]
             elif activation_of(op, c) is not None and act == "none" and residual is None:
                 act = activation_of(op, c)
             else:

@@ -11,9 +11,9 @@ from .common import (
     ACTIVATIONS,
     Ctx,
     LibraryCall,
+    classify_add,
     is_view_keeping_last,
     pre_binding,
-    same_shape,
     shape_of,
 )
 
@@ -101,29 +101,20 @@ def _epilogue(
             cur = nxt
             continue
         if op == "relax.add":
-            a, b = call.args
-            other = b if a.same_as(ctx.var(cur)) else a
-            if other.same_as(ctx.var(cur)):
+            found = classify_add(
+                ctx,
+                cur,
+                nxt,
+                lambda shape: bool(shape) and shape[-1] == n and all(d == 1 for d in shape[:-1]),
+                can_bias=bias is None and residual is None and act == "none",
+                can_residual=residual is None,
+            )
+            if found is None:
                 break
-            oshape = shape_of(other)
-            if (
-                bias is None
-                and residual is None
-                and act == "none"
-                and ctx.is_weight(other)
-                and oshape
-                and oshape[-1] == n
-                and all(d == 1 for d in oshape[:-1])
-            ):
-                bias = other
-            elif (
-                residual is None
-                and same_shape(other, ctx.var(nxt))
-                and ctx.defined_before(other, nxt)
-            ):
-                residual = other
+            if found[0] == "bias":
+                bias = found[1]
             else:
-                break
+                residual = found[1]
             absorbed.append(nxt)
             cur = nxt
             continue
