@@ -4,7 +4,7 @@ Importers emit ``reshape(reshape(x))`` and ``broadcast_to(x, shape_of_x)`` aroun
 attention head split; once library calls take the surrounding operators, such chains are left
 between kernels. A single reshape lowers to a view (``RewriteDataflowReshape``), but a fused
 chain of them becomes a copy kernel, so the chain is folded into one reshape of its source and
-an identity broadcast into its input.
+an identity broadcast (or a pad of zero widths) into its input.
 """
 
 from __future__ import annotations
@@ -23,6 +23,15 @@ def _same_shape(a: relax.Expr, b: relax.Expr) -> bool:
     )
 
 
+def _zero_pad(value: relax.Expr) -> bool:
+    """A ``nn.pad`` that pads nothing (importers emit them for TF-style "same" padding whose
+    amount comes out zero): a copy kernel otherwise."""
+    if _op(value) != "relax.nn.pad":
+        return False
+    widths = getattr(value.attrs, "pad_width", None)
+    return widths is not None and all(int(w) == 0 for w in widths)
+
+
 def _op(value: relax.Expr) -> str:
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         return value.op.name
@@ -31,8 +40,8 @@ def _op(value: relax.Expr) -> str:
 
 @tvm.transform.module_pass(opt_level=0, name="SimplifyViews")
 class SimplifyViews:
-    """Fold ``reshape(reshape(x, a), b)`` into ``reshape(x, b)``; ``broadcast_to(x, shape(x))``
-    and ``reshape(x, shape(x))`` into ``x``."""
+    """Fold ``reshape(reshape(x, a), b)`` into ``reshape(x, b)``; ``broadcast_to(x, shape(x))``,
+    ``reshape(x, shape(x))`` and ``pad(x, 0...)`` into ``x``."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         functions = {}
@@ -62,7 +71,7 @@ def _simplify(func: relax.Function) -> relax.Function:
         for binding in block.bindings:
             value = binding.value
             op = _op(value)
-            if op in ("relax.reshape", "relax.broadcast_to") and _same_shape(
+            if (op in ("relax.reshape", "relax.broadcast_to") or _zero_pad(value)) and _same_shape(
                 value.args[0], binding.var
             ):
                 bindings.append(relax.VarBinding(binding.var, value.args[0]))

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import tvm
 from plus_tvm.gir import plan as gir_plan
+from plus_tvm.gir.analysis import tvm_structural_equal
 from plus_tvm.gir.lowering import permuted_reads, vectorizable_math
 from plus_tvm.gir.search import Plan
+from plus_tvm.mapping.tir_analysis import _walk_expr
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
 
@@ -145,6 +147,7 @@ def _lower_row(sch: s_tir.Schedule, p: Plan, level: int) -> None:
         if op.kind != "reduce":
             continue
         block = sch.get_sblock(op.block)
+        _merge_unit_loops(sch, block, lead)
         loops = sch.get_loops(block)
         red = loops[lead:]
         r = sch.fuse(*red) if len(red) > 1 else red[0]
@@ -186,6 +189,22 @@ def _lower_row(sch: s_tir.Schedule, p: Plan, level: int) -> None:
             _vectorize_inner(sch, brv, 1, vector, level)
 
 
+def _merge_unit_loops(sch: s_tir.Schedule, block, lead: int) -> None:
+    """Fuse the unit-extent spatial loops that follow the ``lead`` row loops of a reduction
+    (``keepdims``) into the last row loop, so only reduced loops follow the rows."""
+    loops = sch.get_loops(block)
+    ivs = sch.get(block).iter_vars
+    units = []
+    for pos in range(lead, min(len(loops), len(ivs))):
+        if int(ivs[pos].iter_type) != 0:
+            break
+        if _extent(sch, loops[pos]) != 1:
+            raise ValueError("a spatial loop of extent above one after the rows")
+        units.append(loops[pos])
+    if units:
+        sch.fuse(loops[lead - 1], *units)
+
+
 def _anchor(sch: s_tir.Schedule, copies: set):
     """The block whose row loop carries the kernel, and whether it is the first block.
 
@@ -210,6 +229,32 @@ def _parallel(sch: s_tir.Schedule, p: Plan, loop) -> None:
     """The parallel primitive: a parallel loop over cores, unless the plan runs on one core."""
     if not p.params.get("serial"):
         sch.parallel(loop)
+
+
+def _flat(block: s_tir.SBlock) -> bool:
+    """Whether every load of ``block`` uses the store's own indices and nothing branches on
+    an index: then the loop nest is one contiguous stream and can be fused and vectorized."""
+    store = block.body
+    if not isinstance(store, tirx.BufferStore):
+        return False
+    found = []
+
+    def visit(node: object) -> None:
+        if isinstance(node, tvm.ir.TensorLoad):
+            same = len(node.indices) == len(store.indices) and all(
+                tvm_structural_equal(a, b) for a, b in zip(node.indices, store.indices)
+            )
+            if not same:
+                found.append(node)
+        elif isinstance(node, tirx.Select) or (
+            isinstance(node, tvm.ir.Call)
+            and isinstance(node.op, tvm.ir.Op)
+            and node.op.name.endswith("if_then_else")
+        ):
+            found.append(node)
+
+    _walk_expr(store.value, visit)
+    return not found
 
 
 def _spatial(sch: s_tir.Schedule, block) -> bool:
@@ -303,9 +348,24 @@ def _lower_elementwise(sch: s_tir.Schedule, p: Plan, level: int) -> None:
                 if split is not None:
                     sch.vectorize(split[1])
             continue
+        lanes = vector
+        if len(loops) > 1 and exts[-1] is not None:
+            # a vector must not straddle two rows of the innermost axis, or the indices of
+            # the fused loop stay divisions per lane (a 56-wide row in 16 lanes: 8x slower,
+            # 28-wide rows in 4 lanes: 3x slower than LLVM's own vectorization of the nest)
+            while lanes >= 4 and exts[-1] % lanes:
+                lanes //= 2
+        if len(loops) > 1 and (not _flat(sch.get(brv)) or lanes < vector):
+            # a pad's bounds test, a broadcast operand or an odd row: fusing every loop would
+            # turn their indices into divisions per element (measured 25x slower on a pad).
+            # The nest is kept: the outer loops run in parallel, the innermost is left to
+            # LLVM's vectorizer (a conditional load does not vectorize in TensorIR)
+            outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+            _parallel(sch, p, outer)
+            continue
         fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
         if level > 0:
-            split = _vector_split(sch, fused, vector, allow_tail=level >= 2)
+            split = _vector_split(sch, fused, lanes, allow_tail=level >= 2)
             if split is not None and split[0] is not None:
                 outer, inner = split
                 _parallel(sch, p, outer)

@@ -22,6 +22,10 @@ KINDS = (
     "colsum",
     "colmean",
     "mean_hw",
+    "gemv",
+    "silu_pad",
+    "silu_mean_2out",
+    "relu_odd_rows",
 )
 
 
@@ -79,6 +83,23 @@ def build(kind: str, shape: list) -> tvm.IRModule:
                 y = bb.emit(op.mean(x, axis=[0]))
             elif kind == "mean_hw":  # global average pooling of a CNN (NCHW)
                 y = bb.emit(op.mean(x, axis=[2, 3]))
+            elif kind == "gemv":  # a classifier head at batch 1: x[1, K] @ W[N, K].T + b
+                w, b = _var("w", [shape[1], shape[0]]), _var("b", [shape[1]])
+                params = [_var("x", [1, shape[0]]), w, b]
+                mm = bb.emit(op.matmul(params[0], bb.emit(op.permute_dims(w, [1, 0]))))
+                y = bb.emit(op.add(mm, b))
+            elif kind == "gemm":  # several rows: a contraction, left to libraries
+                w = _var("w", [shape[1], shape[2]])
+                params = [_var("x", shape[:2]), w]
+                y = bb.emit(op.matmul(params[0], w))
+            elif kind == "silu_pad":  # EfficientNet: x * sigmoid(x), then a 1-pixel pad (NCHW)
+                silu = bb.emit(op.multiply(x, bb.emit(op.sigmoid(x))))
+                y = bb.emit(op.nn.pad(silu, [0, 0, 0, 0, 1, 1, 1, 1]))
+            elif kind == "silu_mean_2out":  # squeeze-excite: the activation and its HW mean
+                silu = bb.emit(op.multiply(x, bb.emit(op.sigmoid(x))))
+                y = bb.emit(relax.Tuple([silu, bb.emit(op.mean(silu, axis=[2, 3], keepdims=True))]))
+            elif kind == "relu_odd_rows":  # rows (28) that a 16-lane vector does not divide
+                y = bb.emit(op.nn.relu(bb.emit(op.add(x, x))))
             else:
                 raise ValueError(kind)
             out = bb.emit_output(y)

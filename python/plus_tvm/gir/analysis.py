@@ -150,12 +150,23 @@ def _classify(ld: object, store: tirx.BufferStore, spatial_vars: list, unit: lis
             if len(where) == len(spatial):
                 return "same" if where == sorted(where) else "permute"
             return "broadcast" if where == sorted(where) else "other"
+    if len(li) == len(si) and all(_shifted(a, b) for a, b in zip(li, si)):
+        return "shift"  # a window at a constant offset (a pad reading its source)
     used = set()
     for idx in li:
         used |= _vars(idx)
     if not all(any(u.same_as(v) for u in used) for v in spatial):
         return "broadcast" if all(isinstance(i, tirx.Var) for i in kept) else "other"
     return "other"
+
+
+def _shifted(index: object, store_index: object) -> bool:
+    """``index`` is ``store_index`` plus or minus a constant (or the same, or a constant)."""
+    if isinstance(index, tirx.IntImm) or tvm_structural_equal(index, store_index):
+        return True
+    if isinstance(index, (tirx.Add, tirx.Sub)) and isinstance(index.b, tirx.IntImm):
+        return tvm_structural_equal(index.a, store_index)
+    return False
 
 
 def tvm_structural_equal(a: object, b: object) -> bool:
@@ -173,6 +184,7 @@ def normalize(func: tirx.PrimFunc) -> tirx.PrimFunc:
         root = sch.get_sblock("root")
     except Exception:  # noqa: BLE001
         return func
+    _inline_layout_prologues(sch, root, func)
     changed = True
     while changed:
         changed = False
@@ -193,6 +205,32 @@ def normalize(func: tirx.PrimFunc) -> tirx.PrimFunc:
             except Exception:  # noqa: BLE001 - not invertible: the kernel stays as it is
                 continue
     return sch.mod["main"]
+
+
+def _inline_layout_prologues(sch: s_tir.Schedule, root: object, func: tirx.PrimFunc) -> None:
+    """Inline blocks that only copy a kernel input under another layout (the transpose of a
+    weight before a matrix-vector product) into the reductions that read them, so the
+    reduction reads the input where it lies and its rows become contiguous."""
+    params = [p for p in func.params if hasattr(p.ty, "shape")]
+    for brv in list(sch.get_child_blocks(root)):
+        block = sch.get(brv)
+        body = block.body
+        if not isinstance(body, tirx.BufferStore) or block.init is not None:
+            continue
+        if any(body.buffer.same_as(p) for p in params):
+            continue
+        src = body.value
+        if not isinstance(src, tvm.ir.TensorLoad) or not any(src.source.same_as(p) for p in params):
+            continue
+        consumers = sch.get_consumers(brv)
+        if not consumers or not all(
+            any(int(iv.iter_type) == 2 for iv in sch.get(c).iter_vars) for c in consumers
+        ):
+            continue
+        try:
+            sch.compute_inline(brv)
+        except Exception:  # noqa: BLE001 - not inlinable: analysed as it is
+            continue
 
 
 def _layout_copies(sch: s_tir.Schedule, blocks: list, func: tirx.PrimFunc) -> dict[str, str]:
@@ -283,7 +321,12 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
                 if any(_vars(i) & set(red_vars) for i in ld.indices):
                     trailing_reduce = False
             accesses.append(Access(names(ld.source), kind, trailing))
-            if red_vars and not _covers_spatial(ld, spatial_vars) and _uses_any(ld, red_vars):
+            if (
+                red_vars
+                and not _covers_spatial(ld, [v for v in spatial_vars if _pos(unit, v) < 0])
+                and _uses_any(ld, red_vars)
+                and not _vector_operand(ld, red_vars, unit)
+            ):
                 # an operand reused across outputs along the reduction: a contraction
                 # (matmul, convolution) -- compute-intensive, for libraries and dlight
                 contraction = True
@@ -350,6 +393,15 @@ def _leading_s(dom: str) -> int:
     return len(dom) - len(dom.lstrip("S"))
 
 
+def row_lead(o: BasicOp) -> int:
+    """Leading spatial iterators of a reduction that index its rows: unit-extent spatial
+    iterators just before the reduced ones (a ``mean`` with ``keepdims``) belong to no row."""
+    n = _leading_s(o.dom)
+    while n > 1 and o.spatial[n - 1] == 1:
+        n -= 1
+    return n
+
+
 def _structure(ops: list[BasicOp], symbolic: bool) -> Kernel | None:
     reductions = [o for o in ops if o.kind == "reduce"]
     last = ops[-1]
@@ -360,12 +412,14 @@ def _structure(ops: list[BasicOp], symbolic: bool) -> Kernel | None:
         for e in last.spatial:
             total *= e
         return Kernel("elementwise", ops, total, 1, len(last.spatial), [], [], symbolic)
+    if any(a.kind == "shift" for o in ops for a in o.accesses):
+        return None  # offset windows only in element-wise kernels
     if all(o.trailing_reduce and o.dom.endswith("R") for o in reductions):
-        red_lead = {_leading_s(o.dom) for o in reductions}
+        red_lead = {row_lead(o) for o in reductions}
         if len(red_lead) != 1:
             return None
         lead = red_lead.pop()
-        if lead == 0 or any(o.dom[lead:].count("S") for o in reductions):
+        if lead == 0 or any(e != 1 for o in reductions for e in o.spatial[lead:]):
             return None
         computed = {o.output for o in ops}
         shared: set[str] = set()
@@ -427,6 +481,18 @@ def _covers_spatial(ld: object, spatial_vars: list) -> bool:
     for idx in ld.indices:
         used |= _vars(idx)
     return set(spatial_vars) <= used
+
+
+def _vector_operand(ld: object, red_vars: list, unit: list) -> bool:
+    """A load indexed only by reduction iterators (and unit-extent ones): the vector of a
+    matrix-vector product, one row's worth of data reused by every row. The product reads its
+    matrix once, so it is memory-bound (a GEMV: a row reduction of the matrix, not a
+    contraction for a GEMM library)."""
+    allowed = set(red_vars) | set(unit)
+    used: set = set()
+    for idx in ld.indices:
+        used |= _vars(idx)
+    return bool(used) and used <= allowed
 
 
 def _uses_any(ld: object, iters: list) -> bool:

@@ -81,6 +81,11 @@ def candidates(kernel: Kernel, m: Machine) -> list[tuple[Parallel, dict]]:
                         {"vector": v, "tile": t, "row_len": row_len, "recompute": rc},
                     )
                 )
+        if m.units == 1:
+            # a thread pool of one: a parallel loop only adds the pool's launch
+            return [
+                (par, dict(params, serial=True)) for par, params in out if not params.get("split_k")
+            ]
         small = sum(kernel.sizes.get(n, 0) for n in kernel.params) * 4 < 1 << 20
         if small and not kernel.symbolic:
             # small kernels: one core, no thread-pool wake-up (the model weighs both)

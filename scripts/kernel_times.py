@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""Time every generated TIR kernel of a model, option set against option set.
+
+The model goes through phases 1-4 of the plus pipeline (dispatch, legalize, fuse, schedule)
+for each option set; every PrimFunc is built alone for the target, run on random inputs with
+``time_evaluator`` and multiplied by how many times ``main`` calls it. Library calls are not
+counted (``scripts/library_share.py`` splits a whole run). Kernels are printed slowest first,
+with the time of the same kernel (same name) under each option set.
+
+    .venv/bin/python scripts/kernel_times.py mobilenetv2 --variants "gir=false;gir=true"
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+
+import numpy as np
+import plus_tvm
+import tvm
+from plus_tvm.compiler import _pre_lowering
+from plus_tvm.loader import load_model
+from plus_tvm.target import resolve_target
+from tvm import relax, tirx
+
+
+def _call_counts(mod: tvm.IRModule) -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+
+    def visit(e):
+        if isinstance(e, relax.Call) and e.op.same_as(tvm.ir.Op.get("relax.call_tir")):
+            counts[e.args[0].name_hint] += 1
+
+    for fn in mod.functions.values():
+        if isinstance(fn, relax.Function):
+            relax.analysis.post_order_visit(fn.body, visit)
+    return counts
+
+
+def _args(func: tirx.PrimFunc, dev, rng) -> list | None:
+    out = []
+    for p in func.params:
+        buf = p.ty
+        if not hasattr(buf, "shape"):
+            return None
+        shape = []
+        for d in buf.shape:
+            if not isinstance(d, tirx.IntImm):
+                return None  # symbolic: skipped
+            shape.append(int(d))
+        dtype = str(buf.dtype)
+        if dtype.startswith("float"):
+            a = rng.standard_normal(shape).astype(dtype)
+        elif dtype == "bool":
+            a = rng.integers(0, 2, shape).astype(bool)
+        else:
+            a = np.zeros(shape, dtype)
+        out.append(tvm.runtime.tensor(a, dev))
+    return out
+
+
+def kernel_times(mod: tvm.IRModule, target, repeat: int) -> dict[str, float]:
+    """Milliseconds per inference spent in each PrimFunc of ``mod`` (called name -> ms)."""
+    dev = tvm.cpu()
+    rng = np.random.default_rng(0)
+    counts = _call_counts(mod)
+    out = {}
+    for gv, fn in mod.functions.items():
+        name = gv.name_hint
+        if not isinstance(fn, tirx.PrimFunc) or name not in counts:
+            continue
+        args = _args(fn, dev, rng)
+        if args is None:
+            continue
+        lib = tvm.compile(tvm.IRModule({"main": fn.with_attr("global_symbol", "main")}), target)
+        t = lib.jit().time_evaluator("main", dev, number=5, repeat=repeat, min_repeat_ms=20)(*args)
+        out[name] = float(np.median(t.results)) * 1e3 * counts[name]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", help="zoo name")
+    ap.add_argument("--variants", default="gir=false;gir=true")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    target = resolve_target("llvm")
+    loaded = load_model(f"zoo:{args.model}")
+    variants = args.variants.split(";")
+    times = {}
+    for v in variants:
+        opts = plus_tvm.Options.from_pairs([p for p in v.split("+") if p])
+        mod, _ = _pre_lowering(loaded, target, opts, "plus")
+        times[v] = kernel_times(mod, target, args.repeat)
+    names = sorted(
+        {n for t in times.values() for n in t}, key=lambda n: -times[variants[0]].get(n, 0)
+    )
+    print(f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', '(default)')}")
+    print(f"{'kernel':60}" + "".join(f"{v[:16]:>17}" for v in variants))
+    for n in names[: args.top]:
+        print(
+            f"{n[:60]:60}" + "".join(f"{times[v].get(n, float('nan')):14.3f} ms" for v in variants)
+        )
+    print(f"{'total':60}" + "".join(f"{sum(times[v].values()):14.3f} ms" for v in variants))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
