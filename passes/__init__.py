@@ -3,6 +3,7 @@
 from .annotate_map_pattern import AnnotateMapPattern
 from .apply_schedule_rules import ApplyScheduleRules
 from .dp_fuse_ops import DPFuseOps
+from .fold_pad_into_conv import FoldPadIntoConv
 from .global_pool_to_mean import GlobalPoolToMean
 from .plus_dispatch import PlusDispatch
 from .rewrite_cuda_graph import RewriteCUDAGraph
@@ -12,6 +13,7 @@ __all__ = [
     "AnnotateMapPattern",
     "ApplyScheduleRules",
     "DPFuseOps",
+    "FoldPadIntoConv",
     "GlobalPoolToMean",
     "PlusDispatch",
     "RewriteCUDAGraph",

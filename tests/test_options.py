@@ -19,7 +19,7 @@ def test_defaults():
     assert opts.fusion_max_group_size == 64 and opts.fusion_seed == 0
     assert opts.dispatch is True and opts.dispatch_cost_model is True
     assert opts.warehouse == ()
-    assert opts.gir is False
+    assert opts.gir == "auto"  # on for CPU targets, off for GPU ones
     assert opts.cuda_graph == "off"
     assert opts.fold_constants is True
     assert opts.dump_ir is None
@@ -32,7 +32,7 @@ def test_frozen_and_hashable():
         opts.fusion = "dp"  # type: ignore[misc]
     assert hash(opts) == hash(Options())
     assert opts == Options()
-    assert len({Options(), Options(), Options(gir=False)}) == 1
+    assert len({Options(), Options(), Options(gir="auto")}) == 1
 
 
 def test_warehouse_list_and_str_become_tuples():
@@ -160,4 +160,15 @@ def test_replace_validates():
     with pytest.raises(OptionsError, match="not in this build"):
         Options().replace(cuda_graph="auto")
     with pytest.raises(OptionsError, match="gir"):
-        Options().replace(gir="yes")
+        Options().replace(gir="maybe")
+
+
+def test_gir_choices_and_targets():
+    from plus_tvm.target import resolve_target
+
+    assert Options(gir=True).gir == "on" and Options(gir=False).gir == "off"
+    assert Options.from_pairs(["gir=true"]).gir == "on"
+    assert Options.from_pairs(["gir=off"]).gir == "off"
+    llvm, cuda = resolve_target("llvm"), resolve_target({"kind": "cuda", "arch": "sm_90"})
+    assert Options().gir_enabled(llvm) and not Options().gir_enabled(cuda)
+    assert Options(gir="on").gir_enabled(cuda) and not Options(gir="off").gir_enabled(llvm)

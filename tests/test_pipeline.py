@@ -113,7 +113,8 @@ def test_phase_contents_follow_target_and_options():
     )
     assert _pass_names(phases["fuse"](llvm, Options())) == ["DPFuseOps", "FuseTIR"]
     assert _pass_names(phases["fuse"](llvm, Options(fusion="tvm"))) == ["FuseOps", "FuseTIR"]
-    assert phases["schedule"](llvm, Options()) == []  # no CPU rules yet
+    assert _pass_names(phases["schedule"](llvm, Options())) == ["ApplyScheduleRules"]  # GIR
+    assert phases["schedule"](llvm, Options(gir=False)) == []
     assert _pass_names(phases["schedule"](CUDA, Options())) == ["ApplyScheduleRules"]
     assert "RewriteCUDAGraph" not in _pass_names(phases["finalize"](llvm, Options()))
     assert "RewriteCUDAGraph" in _pass_names(phases["finalize"](CUDA, Options()))

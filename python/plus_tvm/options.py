@@ -20,6 +20,7 @@ FUSION_CHOICES = ("dp", "tvm")
 FUSION_SEARCH_CHOICES = ("dp", "greedy")
 FUSION_RULES_CHOICES = ("mapping", "tvm")
 CUDA_GRAPH_CHOICES = ("auto", "off", "always")
+GIR_CHOICES = ("auto", "on", "off")
 
 # Values the public contract reserves for parts that later work delivers. Rejecting them keeps a
 # user from believing that, e.g., DP fusion ran when it did not.
@@ -63,10 +64,12 @@ class Options:
     warehouse : tuple of str
         Extra warehouse entry folders (``NAME.toml`` files, see ``plus_tvm.pattern_warehouse``),
         loaded after the shipped entries and the folders of ``$PLUS_TVM_WAREHOUSE``.
-    gir : bool
+    gir : {"auto", "on", "off"} or bool
         Phase 4: schedule memory-intensive kernels (norms, softmax, activations, transposes,
-        reductions) through GIR plans of PowerFusion (paper 002): ``GIRLLVM`` on CPU,
-        ``GIRCUDA`` before dlight's rules on GPU.
+        reductions, matrix-vector products) through GIR plans of PowerFusion (paper 002):
+        ``GIRLLVM`` on CPU, ``GIRCUDA`` before dlight's rules on GPU. ``"auto"`` (default):
+        on for CPU targets, off for GPU targets (the CUDA schedules have been compiled and
+        their source checked, but not yet run on a GPU). ``True``/``False`` mean on/off.
     gir_search_budget : int
         Most GIR candidate graphs the search evaluates per kernel (0: all of them; they are
         few, and the performance model's lower bound stops the search early).
@@ -89,7 +92,7 @@ class Options:
     dispatch: bool = True
     dispatch_cost_model: bool = True
     warehouse: tuple[str, ...] = field(default_factory=tuple)
-    gir: bool = False
+    gir: str = "auto"
     gir_search_budget: int = 0
     cuda_graph: str = "off"
     fold_constants: bool = True
@@ -101,6 +104,13 @@ class Options:
             object.__setattr__(self, "warehouse", tuple(items))
         _check_choice("fusion", self.fusion, FUSION_CHOICES)
         _check_choice("cuda_graph", self.cuda_graph, CUDA_GRAPH_CHOICES)
+        gir = self.gir
+        if isinstance(gir, bool):
+            gir = "on" if gir else "off"
+        elif isinstance(gir, str) and gir.lower() in _TRUE | _FALSE:
+            gir = "on" if gir.lower() in _TRUE else "off"
+        _check_choice("gir", gir, GIR_CHOICES)
+        object.__setattr__(self, "gir", gir)
         _check_choice("fusion_search", self.fusion_search, FUSION_SEARCH_CHOICES)
         _check_choice("fusion_rules", self.fusion_rules, FUSION_RULES_CHOICES)
         if not isinstance(self.fusion_max_group_size, int) or self.fusion_max_group_size < 1:
@@ -117,7 +127,7 @@ class Options:
                 f"option gir_search_budget must be a non-negative integer, "
                 f"got {self.gir_search_budget!r}"
             )
-        for name in ("dispatch", "dispatch_cost_model", "gir", "fold_constants", "fusion_explain"):
+        for name in ("dispatch", "dispatch_cost_model", "fold_constants", "fusion_explain"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(
                     f"option {name} must be true or false, got {getattr(self, name)!r}"
@@ -127,6 +137,12 @@ class Options:
                 raise OptionsError(f"option {key[0]}={_render(key[1])}: {why}")
 
     # ------------------------------------------------------------------ helpers
+    def gir_enabled(self, target: object) -> bool:
+        """Whether GIR schedules run for ``target`` (a ``tvm.target.Target``)."""
+        if self.gir == "auto":
+            return getattr(getattr(target, "kind", None), "name", "") == "llvm"
+        return self.gir == "on"
+
     def replace(self, **changes: object) -> Options:
         """Return a copy with some fields changed (validated like the constructor)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

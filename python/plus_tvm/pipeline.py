@@ -7,15 +7,17 @@ instruments (IR dumps, timing) see phase boundaries.
 
 Phase contents today (later work replaces phases one by one, and says so here):
 
-1. dispatch  - ``PlusDispatch`` (PluS +Graph matching, warehouse library calls) when
+1. dispatch  - ``GlobalPoolToMean``, ``SimplifyViews``, ``FoldPadIntoConv``; ``PlusDispatch``
+               (PluS +Graph matching, warehouse library calls) when
                ``dispatch`` is on; TVM's library dispatch for the target (sort/scan)
 2. legalize  - ``LegalizeOps``, ``AnnotateTIROpPattern``, ``AnnotateMapPattern`` (mapping
                classes of paper 004 on every PrimFunc), ``FoldConstant``
 3. fuse      - ``DPFuseOps`` (mapping-type rules + plan search of paper 004) + ``FuseTIR``;
                ``fusion=tvm``: TVM's ``FuseOps`` + ``FuseTIR``
-4. schedule  - ``gir``: GIR plans of paper 002 for memory-intensive kernels (``GIRLLVM`` on
-               CPU; ``GIRCUDA`` on GPU, before dlight); GPU: dlight rules (Matmul, GEMV,
-               Reduction, GeneralReduction, Fallback); CPU without ``gir``: none
+4. schedule  - ``gir`` (default ``auto``: CPU on, GPU off): GIR plans of paper 002 for
+               memory-intensive kernels (``GIRLLVM`` on CPU; ``GIRCUDA`` on GPU, before
+               dlight); GPU: dlight rules (Matmul, GEMV, Reduction, GeneralReduction,
+               Fallback); CPU with ``gir=off``: none
 5. lower     - dataflow lowering (``RewriteDataflowReshape`` ... ``CallTIRRewrite``)
 6. finalize  - memory planning, CUDA graphs on CUDA when enabled, VM lowering
 """
@@ -41,15 +43,17 @@ def _is_gpu(target: tvm.target.Target) -> bool:
 def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     """Phase 1: +Graph identification and warehouse library calls (``dispatch``), then TVM's
     own library dispatch for the target."""
-    from .passes import GlobalPoolToMean
+    from .passes import FoldPadIntoConv, GlobalPoolToMean, SimplifyViews
 
-    passes: list[tvm.transform.Pass] = [GlobalPoolToMean()]
+    # identity views, zero pads and pads a convolution can do itself out of the way first:
+    # each would be a kernel of its own
+    passes: list[tvm.transform.Pass] = [GlobalPoolToMean(), SimplifyViews(), FoldPadIntoConv()]
     if options.dispatch:
         from .costmodel import DispatchCost
-        from .passes import PlusDispatch, SimplifyViews
+        from .passes import PlusDispatch
 
         # with GIR schedules the TIR side of memory-bound subgraphs runs near copy bandwidth
-        cost = DispatchCost(tir_gbps=8.0 if options.gir else 1.0)
+        cost = DispatchCost(tir_gbps=8.0 if options.gir_enabled(target) else 1.0)
         cost = cost if options.dispatch_cost_model else None
         passes += [PlusDispatch(extra_dirs=options.warehouse, cost=cost), SimplifyViews()]
     return passes + list(relax.pipeline.library_dispatch_passes(target))
@@ -99,7 +103,7 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
 
     if _is_gpu(target):
         gir = []
-        if options.gir:
+        if options.gir_enabled(target):
             from .schedules import GIRCUDA
 
             gir = [GIRCUDA(budget=options.gir_search_budget)]
@@ -113,7 +117,7 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
                 dl.gpu.Fallback(),
             )
         ]
-    if options.gir:
+    if options.gir_enabled(target):
         from .schedules import GIRLLVM
 
         return [ApplyScheduleRules(GIRLLVM(budget=options.gir_search_budget))]

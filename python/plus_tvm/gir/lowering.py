@@ -115,65 +115,69 @@ def _vars_of(e: tvm.ir.Expr) -> list:
     return out
 
 
-_INNER: list = []  # iterators of the block being rewritten that are vectorized
+class _MathRewriter:
+    """Rebuilds one block's value with float32 ``exp``/``sigmoid``/``tanh``/``erf`` replaced
+    and divisions by row scalars turned into multiplications; ``inner`` are the block's
+    iterators that get vectorized."""
 
+    def __init__(self, inner: list) -> None:
+        self.inner = inner
 
-def _math(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
-    """Replacement of one call, or None."""
-    if not isinstance(e, tvm.ir.Call) or not isinstance(e.op, tvm.ir.Op):
-        return None
-    if str(e.ty) != "float32":
-        return None
-    fn = _FAST.get(e.op.name)
-    return None if fn is None else fn(rebuild(e.args[0]))
+    def _math(self, e: tvm.ir.Expr) -> tvm.ir.Expr | None:
+        """Replacement of one call, or None."""
+        if not isinstance(e, tvm.ir.Call) or not isinstance(e.op, tvm.ir.Op):
+            return None
+        if str(e.ty) != "float32":
+            return None
+        fn = _FAST.get(e.op.name)
+        return None if fn is None else fn(self.rebuild(e.args[0]))
 
+    def _reciprocal(self, e: tvm.ir.Expr) -> tvm.ir.Expr | None:
+        """``a / s`` with ``s`` invariant in the vector loop becomes ``a * (1 / s)``: one
+        division per row instead of one per element (the slowest vector instruction)."""
+        if not _invariant_divisor(e, self.inner):
+            return None
+        one = tirx.FloatImm(str(e.ty), 1.0)
+        return tirx.Mul(self.rebuild(e.a), tirx.Div(one, e.b))
 
-def _reciprocal(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
-    """``a / s`` with ``s`` invariant in the vector loop becomes ``a * (1 / s)``: one division
-    per row instead of one per element (divisions are the slowest vector instruction)."""
-    if not _invariant_divisor(e, _INNER):
-        return None
-    one = tirx.FloatImm(str(e.ty), 1.0)
-    return tirx.Mul(rebuild(e.a), tirx.Div(one, e.b))
+    def rebuild(self, e: tvm.ir.Expr) -> tvm.ir.Expr:
+        """``e`` with the replacements made (other nodes rebuilt as they are)."""
+        new = self._math(e)
+        if new is None and self.inner:
+            new = self._reciprocal(e)
+        if new is not None:
+            return new
+        if isinstance(e, _BINARY):
+            a, b = self.rebuild(e.a), self.rebuild(e.b)
+            return e if a.same_as(e.a) and b.same_as(e.b) else type(e)(a, b)
+        if isinstance(e, tirx.Cast):
+            v = self.rebuild(e.value)
+            return e if v.same_as(e.value) else tirx.Cast(str(e.ty), v)
+        if isinstance(e, tirx.Select):
+            c, t = self.rebuild(e.condition), self.rebuild(e.true_value)
+            return tirx.Select(c, t, self.rebuild(e.false_value))
+        if isinstance(e, tirx.Let):
+            return tirx.Let(e.var, self.rebuild(e.value), self.rebuild(e.body))
+        if isinstance(e, tirx.Not):
+            return tirx.Not(self.rebuild(e.a))
+        if isinstance(e, tvm.ir.Call) and isinstance(e.op, tvm.ir.Op):
+            args = [self.rebuild(a) for a in e.args]
+            if all(a.same_as(b) for a, b in zip(args, e.args)):
+                return e
+            return tvm.ir.Call(e.op, args, ret_ty=e.ty)
+        return e
 
+    def has_work(self, e: tvm.ir.Expr) -> bool:
+        from ..mapping.tir_analysis import _walk_expr
 
-def rebuild(e: tvm.ir.Expr) -> tvm.ir.Expr:
-    """``e`` with float32 ``exp``/``sigmoid`` calls replaced (other nodes rebuilt as is)."""
-    new = _math(e)
-    if new is None and _INNER:
-        new = _reciprocal(e)
-    if new is not None:
-        return new
-    if isinstance(e, _BINARY):
-        a, b = rebuild(e.a), rebuild(e.b)
-        return e if a.same_as(e.a) and b.same_as(e.b) else type(e)(a, b)
-    if isinstance(e, tirx.Cast):
-        v = rebuild(e.value)
-        return e if v.same_as(e.value) else tirx.Cast(str(e.ty), v)
-    if isinstance(e, tirx.Select):
-        c, t, f = rebuild(e.condition), rebuild(e.true_value), rebuild(e.false_value)
-        return tirx.Select(c, t, f)
-    if isinstance(e, tirx.Let):
-        return tirx.Let(e.var, rebuild(e.value), rebuild(e.body))
-    if isinstance(e, tirx.Not):
-        return tirx.Not(rebuild(e.a))
-    if isinstance(e, tvm.ir.Call) and isinstance(e.op, tvm.ir.Op):
-        args = [rebuild(a) for a in e.args]
-        if all(a.same_as(b) for a, b in zip(args, e.args)):
-            return e
-        return tvm.ir.Call(e.op, args, ret_ty=e.ty)
-    return e
-
-
-def _has_math(e: tvm.ir.Expr) -> bool:
-    from ..mapping.tir_analysis import _walk_expr
-
-    hits: list[object] = []
-    _walk_expr(
-        e,
-        lambda n: hits.append(n) if _math_target(n) or _invariant_divisor(n, _INNER) else None,
-    )
-    return bool(hits)
+        hits: list[object] = []
+        _walk_expr(
+            e,
+            lambda n: (
+                hits.append(n) if _math_target(n) or _invariant_divisor(n, self.inner) else None
+            ),
+        )
+        return bool(hits)
 
 
 def _math_target(n: object) -> bool:
@@ -197,13 +201,10 @@ def vectorizable_math(sch: s_tir.Schedule) -> int:
             continue
         store = stores[0]
         spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0]
-        _INNER[:] = spatial[-1:] if len(spatial) > 1 else []
-        try:
-            if not _has_math(store.value):
-                continue
-            body = tirx.BufferStore(store.buffer, rebuild(store.value), store.indices)
-        finally:
-            _INNER.clear()
+        rewriter = _MathRewriter(spatial[-1:] if len(spatial) > 1 else [])
+        if not rewriter.has_work(store.value):
+            continue
+        body = tirx.BufferStore(store.buffer, rewriter.rebuild(store.value), store.indices)
         new = s_tir.SBlock(
             block.iter_vars,
             block.reads,
