@@ -1,5 +1,5 @@
-"""FoldPadIntoConv: zero pads of H/W in front of a conv2d become its padding (asymmetric too);
-other pads stay; results unchanged."""
+"""FoldPadIntoConv: zero pads of H/W in front of a conv2d become its padding when the result
+is symmetric; other pads stay; results unchanged."""
 
 from __future__ import annotations
 
@@ -64,9 +64,10 @@ def _run(mod):
     "pad_width, layout, padding, folded, want",
     [
         ([0, 0, 0, 0, 1, 1, 1, 1], "NCHW", (0, 0), True, (1, 1, 1, 1)),
-        ([0, 0, 0, 0, 0, 1, 0, 1], "NCHW", (0, 0), True, (0, 0, 1, 1)),  # TF "same", stride 2
-        ([0, 0, 0, 0, 2, 0, 1, 3], "NCHW", (1, 1), True, (3, 2, 1, 4)),
-        ([0, 0, 1, 1, 0, 1, 0, 0], "NHWC", (0, 0), True, (1, 0, 1, 1)),
+        ([0, 0, 0, 0, 1, 1, 2, 2], "NCHW", (1, 0), True, (2, 2, 2, 2)),
+        ([0, 0, 1, 1, 2, 2, 0, 0], "NHWC", (0, 0), True, (1, 2, 1, 2)),
+        ([0, 0, 0, 0, 0, 1, 0, 1], "NCHW", (0, 0), False, None),  # TF "same", stride 2
+        ([0, 0, 0, 0, 2, 0, 1, 3], "NCHW", (1, 1), False, None),  # asymmetric
         ([1, 0, 0, 0, 1, 1, 1, 1], "NCHW", (0, 0), False, None),  # a batch pad
     ],
 )
