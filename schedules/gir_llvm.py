@@ -268,6 +268,7 @@ def _lower_column(sch: s_tir.Schedule, p: Plan, level: int) -> None:
     block = sch.get_sblock(red_op.block)
     loops = sch.get_loops(block)
     ns = red_op.dom.count("S")
+    col_extents = [_extent(sch, lp) for lp in loops[:ns]]  # the output axes, before fusing
     col = sch.fuse(*loops[:ns]) if ns > 1 else loops[0]
     red = loops[ns:]
     r = sch.fuse(*red) if len(red) > 1 else red[0]
@@ -292,9 +293,9 @@ def _lower_column(sch: s_tir.Schedule, p: Plan, level: int) -> None:
                 sch.vectorize(split[1])
         loops = sch.get_loops(block)  # (col, unit)
         col, r = loops[0], loops[1]
-    tile = p.params.get("col_tile", p.params["vector"])
+    tile = _box_tile(p.params.get("col_tile", p.params["vector"]), col_extents)
     ext = _extent(sch, col)
-    if ext is not None and ext <= tile:
+    if tile is None or (ext is not None and ext <= tile):
         outer, inner = None, col
     else:
         outer, inner = sch.split(col, [None, tile])
@@ -307,7 +308,7 @@ def _lower_column(sch: s_tir.Schedule, p: Plan, level: int) -> None:
         if level > 0:
             _vectorize_inner(sch, acc, 1, p.params["vector"], level)
     if level > 0:
-        if ext is None or ext % min(tile, ext) == 0 or level >= 2:
+        if ext is None or tile is None or ext % min(tile, ext) == 0 or level >= 2:
             sch.vectorize(inner)
     # epilogues (a mean's division) follow the tile of columns they read
     for op in k.ops:
@@ -320,6 +321,26 @@ def _lower_column(sch: s_tir.Schedule, p: Plan, level: int) -> None:
         else:
             loops = sch.get_loops(epi)
             _vectorize_inner(sch, epi, 0, p.params["vector"], level)
+
+
+def _box_tile(tile: int, extents: list) -> int | None:
+    """The largest column tile up to ``tile`` whose columns form a box of the fused output
+    axes (``extents``, outer to inner): a divisor of the innermost extent, or whole rows of it
+    times a divisor of the next one, and so on. Only then is the region that a tile's
+    accumulator write-back and epilogues cover exact; any other tile makes TensorIR
+    over-approximate it and the results are wrong (found by the differential test: a mean
+    over the middle axis of 8x8x5, a max under a transpose). ``None``: symbolic extents."""
+    if len(extents) <= 1:
+        return tile
+    if any(e is None for e in extents):
+        return None
+    best, suffix = 1, 1
+    for e in reversed(extents):
+        for d in range(1, e + 1):
+            if e % d == 0 and suffix * d <= tile:
+                best = max(best, suffix * d)
+        suffix *= e
+    return best
 
 
 def _lower_elementwise(sch: s_tir.Schedule, p: Plan, level: int) -> None:
