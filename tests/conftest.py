@@ -136,3 +136,18 @@ def deep_copy():
         return dup
 
     return copy
+
+
+@pytest.fixture(params=["pool", "4 cores"])
+def cores(request, monkeypatch):
+    """Plan for the runtime's own pool (one thread on a 2-core x86 machine: serial plans), or
+    as if it had 4 threads: parallel rows and column reductions split over cores, whose loops
+    run correctly (if not faster) on any pool."""
+    if request.param == "4 cores":
+        import dataclasses
+
+        from plus_tvm.gir import search
+
+        real = search.machine_for
+        monkeypatch.setattr(search, "machine_for", lambda t: dataclasses.replace(real(t), units=4))
+    return request.param

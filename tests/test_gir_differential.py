@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 import tvm
+from plus_tvm.gir import machine_for
 from plus_tvm.options import Options
 from plus_tvm.pipeline import phase_passes
 from plus_tvm.target import resolve_target
@@ -125,7 +126,7 @@ def llvm():
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
-def test_random_graph_same_with_and_without_gir(seed, llvm):
+def test_random_graph_same_with_and_without_gir(seed, llvm, cores):
     graph = _Graph(seed)
     rng = np.random.default_rng(1000 + seed)
     inputs = [
@@ -138,9 +139,10 @@ def test_random_graph_same_with_and_without_gir(seed, llvm):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale, err_msg=repr(graph))
 
 
-def test_random_graphs_exercise_the_plans(llvm):
-    """The random graphs are not all declined: most of their kernels get a GIR schedule."""
-    scheduled = total = 0
+def test_random_graphs_exercise_the_plans(llvm, cores):
+    """The random graphs are not all declined: most of their kernels get a GIR schedule, with
+    parallel loops when planned for 4 cores."""
+    scheduled = total = parallel = 0
     for seed in range(SEEDS):
         mod = _Graph(seed).mod
         with llvm:
@@ -153,4 +155,6 @@ def test_random_graphs_exercise_the_plans(llvm):
             if isinstance(f, tvm.tirx.PrimFunc):
                 total += 1
                 scheduled += bool(f.attrs.get("tirx.is_scheduled", False))
+                parallel += "T.parallel" in f.script()
     assert total and scheduled / total > 0.6, (scheduled, total)
+    assert (parallel > 0) == (cores == "4 cores" or machine_for(llvm).units > 1)

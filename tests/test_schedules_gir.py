@@ -82,7 +82,7 @@ CASES += [
 
 
 @pytest.mark.parametrize("kind, shape", CASES, ids=lambda v: str(v))
-def test_scheduled_equals_unscheduled(kind, shape, llvm):
+def test_scheduled_equals_unscheduled(kind, shape, llvm, cores):
     _check(kind, shape, llvm)
 
 
