@@ -307,7 +307,7 @@ def _lower_column(sch: s_tir.Schedule, p: Plan, level: int) -> None:
         sch.reverse_compute_at(acc, outer, preserve_unit_loops=False)
         if level > 0:
             _vectorize_inner(sch, acc, 1, p.params["vector"], level)
-    if level > 0:
+    if level > 0 and _extent(sch, inner) is not None:  # LLVM vectorizes constant extents only
         if ext is None or tile is None or ext % min(tile, ext) == 0 or level >= 2:
             sch.vectorize(inner)
     # epilogues (a mean's division) follow the tile of columns they read

@@ -24,16 +24,34 @@ STEPS = ("unary", "bias", "residual", "reduce", "softmax", "layer_norm", "transp
 
 
 def _ty(shape):
-    return relax.TensorType([int(d) for d in shape], "float32")
+    return relax.TensorType([int(d) if isinstance(d, int) else d for d in shape], "float32")
+
+
+def _value(dim, var, n: int) -> int:
+    """A dimension with the symbolic ``var`` set to ``n`` (a pad makes it ``n + 2``)."""
+    if isinstance(dim, tvm.tirx.IntImm):
+        return int(dim)
+    analyzer = tvm.sym.Analyzer()
+    analyzer.bind(var, tvm.tirx.IntImm("int64", n))
+    return int(analyzer.simplify(dim))
+
+
+def _shape(expr) -> list:
+    return [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in expr.ty.shape]
 
 
 class _Graph:
-    """One random graph: its Relax module and a description for failure messages."""
+    """One random graph: its Relax module and a description for failure messages. With
+    ``symbolic`` the leading axis of the input is a variable ``n``."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, symbolic: bool = False) -> None:
         rng = np.random.default_rng(seed)
-        rank = int(rng.integers(2, 5))
+        rank = int(rng.integers(3 if symbolic else 2, 5))
         shape = [int(rng.choice(DIMS)) for _ in range(rank)]
+        self.n = tvm.tirx.Var("n", "int64")
+        if symbolic:
+            shape[0] = self.n
+        self.symbolic = symbolic
         bb = relax.BlockBuilder()
         x = relax.Var("x", _ty(shape))
         self.params = [x]
@@ -44,7 +62,7 @@ class _Graph:
                 y = x
                 for _ in range(int(rng.integers(2, 6))):
                     step = str(rng.choice(STEPS))
-                    shape = [int(d) for d in y.ty.shape]
+                    shape = _shape(y)
                     if step == "unary":
                         kind = str(rng.choice(UNARY))
                         if kind == "silu":
@@ -82,7 +100,7 @@ class _Graph:
                         ]
                         y = bb.emit(op.nn.pad(y, widths))
                         step = f"pad{widths[-4:]}"
-                    elif step == "gemv":
+                    elif step == "gemv" and not any(isinstance(d, tvm.tirx.Var) for d in shape):
                         k = shape[-1]
                         n = int(rng.choice(DIMS))
                         w = self._param(f"w{len(self.params)}", [n, k])
@@ -106,18 +124,29 @@ class _Graph:
         return v
 
     def __repr__(self) -> str:
-        x = self.params[0].ty.shape
-        return f"seed {self.seed}: x{[int(d) for d in x]} -> " + " -> ".join(self.steps)
+        x = [str(d) for d in self.params[0].ty.shape]
+        return f"seed {self.seed}: x{x} -> " + " -> ".join(self.steps)
+
+    def inputs(self, rng, n: int) -> list[np.ndarray]:
+        """Random inputs, with ``n`` for the symbolic axis."""
+        out = []
+        for p in self.params:
+            dims = [_value(d, self.n, n) for d in p.ty.shape]
+            out.append(rng.standard_normal(dims).astype("float32"))
+        return out
 
 
-def _run(mod: tvm.IRModule, target, gir: str, inputs: list[np.ndarray]) -> np.ndarray:
+def _compiled(mod: tvm.IRModule, target, gir: str):
     opts = Options(gir=gir, dispatch=False)
     phases = phase_passes(
         target, opts, phases=("legalize", "fuse", "schedule", "lower", "finalize")
     )
     ex = tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(phases))
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+    return relax.VirtualMachine(ex, tvm.cpu())["main"]
+
+
+def _run(mod: tvm.IRModule, target, gir: str, inputs: list[np.ndarray]) -> np.ndarray:
+    return _compiled(mod, target, gir)(*[tvm.runtime.tensor(a) for a in inputs]).numpy()
 
 
 @pytest.fixture(scope="module")
@@ -128,15 +157,27 @@ def llvm():
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_random_graph_same_with_and_without_gir(seed, llvm, cores):
     graph = _Graph(seed)
-    rng = np.random.default_rng(1000 + seed)
-    inputs = [
-        rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in graph.params
-    ]
-    want = _run(graph.mod, llvm, "off", inputs)
-    got = _run(graph.mod, llvm, "on", inputs)
+    inputs = graph.inputs(np.random.default_rng(1000 + seed), 0)
+    _compare(graph, _run(graph.mod, llvm, "on", inputs), _run(graph.mod, llvm, "off", inputs))
+
+
+@pytest.mark.parametrize("seed", range(SEEDS // 2))
+def test_random_symbolic_graph_same_with_and_without_gir(seed, llvm):
+    """The leading axis is a variable: one compiled module per setting, run at n = 1 and 7."""
+    graph = _Graph(10_000 + seed, symbolic=True)
+    rng = np.random.default_rng(2000 + seed)
+    off, on = _compiled(graph.mod, llvm, "off"), _compiled(graph.mod, llvm, "on")
+    for n in (1, 7):
+        inputs = [tvm.runtime.tensor(a) for a in graph.inputs(rng, n)]
+        _compare(graph, on(*inputs).numpy(), off(*inputs).numpy(), f"n={n}")
+
+
+def _compare(graph, got, want, where: str = "") -> None:
     assert got.shape == want.shape, graph
     scale = max(1.0, float(np.abs(want).max()))
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale, err_msg=repr(graph))
+    np.testing.assert_allclose(
+        got, want, rtol=1e-4, atol=1e-4 * scale, err_msg=f"{graph!r} {where}"
+    )
 
 
 def test_random_graphs_exercise_the_plans(llvm, cores):
