@@ -18,11 +18,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-
-def _op(value: relax.Expr) -> str:
-    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-        return value.op.name
-    return ""
+from ._dataflow_rewrite import op_name, rewrite_bindings
 
 
 def _spatial_pad(pad: relax.Call, layout: str) -> tuple[int, int, int, int] | None:
@@ -45,45 +41,24 @@ class FoldPadIntoConv:
     """Fold ``conv2d(pad(x), padding=p)`` into ``conv2d(x, padding=p + pad)``."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        functions = {}
-        changed = False
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-                new = _fold(func)
-                changed |= new is not func
-                func = new
-            functions[gvar] = func
-        if not changed:
-            return mod
-        out = tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
-        return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(out))
+        return rewrite_bindings(mod, _fold, _finish)
 
 
-def _fold(func: relax.Function) -> relax.Function:
-    bb = relax.BlockBuilder()  # types the new calls (the module is never normalized in place)
-    blocks = []
-    changed = False
-    for block in func.body.blocks:
-        if not isinstance(block, relax.DataflowBlock):
-            blocks.append(block)
-            continue
-        pads: dict[int, relax.Call] = {}  # var -> the pad call bound to it
-        bindings = []
-        for binding in block.bindings:
-            value = binding.value
-            if _op(value) == "relax.nn.pad":
-                pads[binding.var.id_] = value
-            elif _op(value) == "relax.nn.conv2d" and isinstance(value.args[0], relax.Var):
-                new = _folded_conv(value, pads.get(value.args[0].id_))
-                if new is not None:
-                    value = bb.normalize(new)
-                    changed = True
-            bindings.append(relax.VarBinding(binding.var, value))
-        blocks.append(relax.DataflowBlock(bindings))
-    if not changed:
-        return func
-    body = relax.SeqExpr(blocks, func.body.body)
-    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+def _finish(mod: tvm.IRModule) -> tvm.IRModule:
+    return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+
+
+def _fold(binding: relax.VarBinding, pads: dict, bb: relax.BlockBuilder) -> relax.Expr | None:
+    """The folded convolution, or None; ``pads`` maps a var to the pad call bound to it
+    (within one dataflow block)."""
+    value = binding.value
+    if op_name(value) == "relax.nn.pad":
+        pads[binding.var.id_] = value
+    elif op_name(value) == "relax.nn.conv2d" and isinstance(value.args[0], relax.Var):
+        new = _folded_conv(value, pads.get(value.args[0].id_))
+        if new is not None:
+            return bb.normalize(new)
+    return None
 
 
 def _folded_conv(conv: relax.Call, pad: relax.Call | None) -> relax.Call | None:

@@ -1,0 +1,68 @@
+"""The skeleton shared by passes that rewrite bindings of Relax dataflow blocks one by one
+(``SimplifyViews``, ``FoldPadIntoConv``): walk every Relax function, rebuild only what changed,
+return the input module itself when nothing did (never mutated)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tvm
+from tvm import relax
+
+# (binding, block-local state, block builder for typing new calls) -> new value or None
+BindingRewrite = Callable[[relax.VarBinding, dict, relax.BlockBuilder], "relax.Expr | None"]
+
+
+def op_name(value: relax.Expr) -> str:
+    """The operator name of a call to a Relax op, else ``""``."""
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+        return value.op.name
+    return ""
+
+
+def rewrite_bindings(
+    mod: tvm.IRModule,
+    rewrite: BindingRewrite,
+    finish: Callable[[tvm.IRModule], tvm.IRModule],
+) -> tvm.IRModule:
+    """Apply ``rewrite`` to every dataflow binding of every Relax function of ``mod``.
+
+    ``rewrite`` returns the binding's new value, or ``None`` to keep it; it gets a state dict
+    that lives for one dataflow block (what earlier bindings of the block were) and a
+    ``BlockBuilder`` to type new calls. When something changed, the new module goes through
+    ``finish`` (normalization, clean-up passes); otherwise ``mod`` is returned as it is.
+    """
+    functions = {}
+    changed = False
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            new = _rewrite_function(func, rewrite)
+            changed |= new is not func
+            func = new
+        functions[gvar] = func
+    if not changed:
+        return mod
+    return finish(tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos))
+
+
+def _rewrite_function(func: relax.Function, rewrite: BindingRewrite) -> relax.Function:
+    bb = relax.BlockBuilder()  # types new calls; the module is never normalized in place
+    blocks = []
+    changed = False
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            blocks.append(block)
+            continue
+        state: dict = {}
+        bindings = []
+        for binding in block.bindings:
+            new = rewrite(binding, state, bb)
+            if new is not None:
+                changed = True
+                binding = relax.VarBinding(binding.var, new)
+            bindings.append(binding)
+        blocks.append(relax.DataflowBlock(bindings))
+    if not changed:
+        return func
+    body = relax.SeqExpr(blocks, func.body.body)
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
