@@ -21,9 +21,8 @@ Whatever the rule declines goes to dlight's rules, which follow it in the pipeli
 from __future__ import annotations
 
 import tvm
-from plus_tvm.gir import plan as gir_plan
 from plus_tvm.gir.lowering import permuted_reads
-from plus_tvm.gir.search import Plan
+from plus_tvm.gir.search import Plan, plan_for_rule
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
 
@@ -41,11 +40,7 @@ class GIRCUDA(ScheduleRule):
         self.budget = budget
 
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
-            return None
-        if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
-            return None
-        p = gir_plan(func, target, self.budget)
+        p = plan_for_rule(func, target, "cuda", self.budget)
         if p is None:
             return None
         try:

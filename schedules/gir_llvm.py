@@ -23,10 +23,9 @@ does not plan, and tries a plainer lowering of the same plan before giving up.
 from __future__ import annotations
 
 import tvm
-from plus_tvm.gir import plan as gir_plan
 from plus_tvm.gir.analysis import tvm_structural_equal
 from plus_tvm.gir.lowering import permuted_reads, vectorizable_math
-from plus_tvm.gir.search import Plan
+from plus_tvm.gir.search import Plan, plan_for_rule
 from plus_tvm.mapping.tir_analysis import _walk_expr
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
@@ -48,11 +47,7 @@ class GIRLLVM(ScheduleRule):
         self.fast_math = fast_math
 
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
-            return None
-        p = gir_plan(func, target, self.budget)
+        p = plan_for_rule(func, target, "llvm", self.budget)
         if p is None:
             return None
         # TVM's vectorizer emits int8 vectors into bool buffers (a dtype mismatch): kernels

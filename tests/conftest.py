@@ -151,3 +151,10 @@ def cores(request, monkeypatch):
         real = search.machine_for
         monkeypatch.setattr(search, "machine_for", lambda t: dataclasses.replace(real(t), units=4))
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _no_figures_cache(tmp_path, monkeypatch):
+    """Tests never read (or write) the user's measured machine figures (GIR's performance
+    model): every run plans with the same defaults, on any machine."""
+    monkeypatch.setenv("PLUS_TVM_CACHE_DIR", str(tmp_path))

@@ -39,12 +39,6 @@ CPU = Parallel("core", 16, 16)
 CAP = Capacity(reg=1536, cache=256 * 1024)
 
 
-@pytest.fixture(autouse=True)
-def _no_figures_cache(tmp_path, monkeypatch):
-    """Tests never read (or write) the user's measured machine figures."""
-    monkeypatch.setenv("PLUS_TVM_CACHE_DIR", str(tmp_path))
-
-
 @pytest.fixture(scope="module")
 def llvm():
     return resolve_target("llvm")

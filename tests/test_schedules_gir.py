@@ -18,11 +18,6 @@ from plus_tvm.schedules import GIRCUDA, GIRLLVM
 from plus_tvm.target import resolve_target
 
 
-@pytest.fixture(autouse=True)
-def _no_figures_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PLUS_TVM_CACHE_DIR", str(tmp_path))
-
-
 @pytest.fixture(scope="module")
 def llvm():
     return resolve_target("llvm")

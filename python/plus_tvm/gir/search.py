@@ -166,3 +166,14 @@ def plan(func: tirx.PrimFunc, target: tvm.target.Target, budget: int = 0) -> Pla
     if best is not None:
         best.func = func
     return best
+
+
+def plan_for_rule(func: object, target: tvm.target.Target, kind: str, budget: int = 0):
+    """What a GIR schedule rule for targets of ``kind`` (``"llvm"``, ``"cuda"``) does first:
+    the plan of ``func``, or ``None`` when it is not a PrimFunc, the target is another kind,
+    the function is already scheduled, or it is not a GIR kernel."""
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != kind:
+        return None
+    if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+        return None
+    return plan(func, target, budget)
