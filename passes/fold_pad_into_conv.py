@@ -82,5 +82,5 @@ def _folded_conv(conv: relax.Call, pad: relax.Call | None) -> relax.Call | None:
         data_layout=str(attrs.data_layout),
         kernel_layout=str(attrs.kernel_layout),
         out_layout=str(attrs.out_layout),
-        out_dtype=attrs.out_dtype if attrs.out_dtype is not None else None,
+        out_dtype=attrs.out_dtype,
     )

@@ -331,8 +331,8 @@ def _box_tile(tile: int, extents: list) -> int | None:
         return None
     best, suffix = 1, 1
     for e in reversed(extents):
-        for d in range(1, e + 1):
-            if e % d == 0 and suffix * d <= tile:
+        for d in range(1, min(e, tile // suffix) + 1):
+            if e % d == 0:
                 best = max(best, suffix * d)
         suffix *= e
     return best
@@ -364,14 +364,11 @@ def _lower_elementwise(sch: s_tir.Schedule, p: Plan, level: int) -> None:
                 if split is not None:
                     sch.vectorize(split[1])
             continue
-        lanes = vector
-        if len(loops) > 1 and exts[-1] is not None:
-            # a vector must not straddle two rows of the innermost axis, or the indices of
-            # the fused loop stay divisions per lane (a 56-wide row in 16 lanes: 8x slower,
-            # 28-wide rows in 4 lanes: 3x slower than LLVM's own vectorization of the nest)
-            while lanes >= 4 and exts[-1] % lanes:
-                lanes //= 2
-        if len(loops) > 1 and (not _flat(sch.get(brv)) or lanes < vector):
+        # a vector must not straddle two rows of the innermost axis, or the indices of the
+        # fused loop stay divisions per lane (a 56-wide row in 16 lanes: 8x slower; narrower
+        # vectors, 28-wide rows in 4 lanes: 3x slower than LLVM's own vectorization of the nest)
+        odd_rows = exts[-1] is not None and exts[-1] % vector != 0
+        if len(loops) > 1 and (odd_rows or not _flat(sch.get(brv))):
             # a pad's bounds test, a broadcast operand or an odd row: fusing every loop would
             # turn their indices into divisions per element (measured 25x slower on a pad).
             # The nest is kept: the outer loops run in parallel, the innermost is left to
@@ -381,7 +378,7 @@ def _lower_elementwise(sch: s_tir.Schedule, p: Plan, level: int) -> None:
             continue
         fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
         if level > 0:
-            split = _vector_split(sch, fused, lanes, allow_tail=level >= 2)
+            split = _vector_split(sch, fused, vector, allow_tail=level >= 2)
             if split is not None and split[0] is not None:
                 outer, inner = split
                 _parallel(sch, p, outer)

@@ -22,21 +22,15 @@ import plus_tvm
 import tvm
 from plus_tvm.compiler import _pre_lowering
 from plus_tvm.loader import load_model
+from plus_tvm.stats import kernel_calls
 from plus_tvm.target import resolve_target
 from tvm import relax, tirx
 
 
 def _call_counts(mod: tvm.IRModule) -> collections.Counter:
-    counts: collections.Counter = collections.Counter()
-
-    def visit(e):
-        if isinstance(e, relax.Call) and e.op.same_as(tvm.ir.Op.get("relax.call_tir")):
-            counts[e.args[0].name_hint] += 1
-
-    for fn in mod.functions.values():
-        if isinstance(fn, relax.Function):
-            relax.analysis.post_order_visit(fn.body, visit)
-    return counts
+    """PrimFunc name -> launches per inference (reshapes that lower to views not counted)."""
+    calls = kernel_calls(relax.transform.RewriteDataflowReshape()(mod))
+    return collections.Counter(callee for op, callee in calls if op.startswith("relax.call_tir"))
 
 
 def _args(func: tirx.PrimFunc, dev, rng) -> list | None:

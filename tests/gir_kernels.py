@@ -8,26 +8,6 @@ from plus_tvm.options import Options
 from plus_tvm.pipeline import phase_passes
 from tvm import relax
 
-KINDS = (
-    "layernorm",
-    "add_layernorm",
-    "add_layernorm_2out",
-    "rmsnorm",
-    "softmax",
-    "gelu",
-    "silu_mul",
-    "add_scale",
-    "transpose_add",
-    "rowsum",
-    "colsum",
-    "colmean",
-    "mean_hw",
-    "gemv",
-    "silu_pad",
-    "silu_mean_2out",
-    "relu_odd_rows",
-)
-
 
 def _var(name, shape, dtype="float32"):
     return relax.Var(name, relax.TensorType(shape, dtype))

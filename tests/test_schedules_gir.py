@@ -288,29 +288,34 @@ def test_cuda_numerics_on_gpu(kind):
 def test_zoo_model_with_gir(name, llvm):
     """Real fused kernels (LayerNorm with its reshaped copy as a second output, softmax with
     a broadcast/reshape epilogue, boolean masks) are scheduled and the model stays exact."""
+
+    names = _zoo_scheduled_and_exact(name, Options(gir=True, dispatch=False), llvm)
+    assert any("layer_norm" in n for n in names) and any("softmax" in n for n in names)
+
+
+def _zoo_scheduled_and_exact(name: str, options: Options, llvm) -> list[str]:
+    """Names of the kernels GIR scheduled in zoo model ``name`` (phases up to schedule), after
+    checking the model compiled with ``options`` against torch eager."""
     import plus_tvm
     import torch
     from plus_tvm import zoo
 
     model, inputs = zoo.load(name)
     mod, _ = plus_tvm.from_torch(model, inputs)
-    options = Options(gir=True, dispatch=False)
+    phases = ("dispatch", "legalize", "fuse", "schedule")
     with llvm:
-        scheduled = tvm.transform.Sequential(
-            phase_passes(llvm, options, phases=("legalize", "fuse", "schedule"))
-        )(mod)
-    names = [
-        gv.name_hint
-        for gv, f in scheduled.functions_items()
-        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get("tirx.is_scheduled", False)
-    ]
-    assert any("layer_norm" in n for n in names) and any("softmax" in n for n in names)
+        scheduled = tvm.transform.Sequential(phase_passes(llvm, options, phases=phases))(mod)
     with torch.no_grad():
         want = model(*inputs)
     want = (want[0] if isinstance(want, (tuple, list)) else want).numpy()
     got = plus_tvm.compile(model, llvm, example_args=inputs, options=options)(*inputs)
     got = got[0] if isinstance(got, (tuple, list)) else got
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    return [
+        gv.name_hint
+        for gv, f in scheduled.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get("tirx.is_scheduled", False)
+    ]
 
 
 def test_zoo_kernels_compile_for_sm90(sm90):
@@ -348,27 +353,6 @@ def test_zoo_kernels_compile_for_sm90(sm90):
 def test_zoo_cnn_with_gir(name, expected, llvm):
     """What CNNs leave outside the library after dispatch (the classifier's GEMV, the
     squeeze-excite SiLU + mean) is scheduled by GIR, and the model stays exact."""
-    import plus_tvm
-    import torch
-    from plus_tvm import zoo
-
-    model, inputs = zoo.load(name)
-    mod, _ = plus_tvm.from_torch(model, inputs)
-    options = Options(gir=True)
-    with llvm:
-        scheduled = tvm.transform.Sequential(
-            phase_passes(llvm, options, phases=("dispatch", "legalize", "fuse", "schedule"))
-        )(mod)
-    names = [
-        gv.name_hint
-        for gv, f in scheduled.functions_items()
-        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get("tirx.is_scheduled", False)
-    ]
+    names = _zoo_scheduled_and_exact(name, Options(gir=True), llvm)
     for part in expected:
         assert any(part in n for n in names), f"no scheduled kernel named *{part}*: {names}"
-    with torch.no_grad():
-        want = model(*inputs)
-    want = (want[0] if isinstance(want, (tuple, list)) else want).numpy()
-    got = plus_tvm.compile(model, llvm, example_args=inputs, options=options)(*inputs)
-    got = got[0] if isinstance(got, (tuple, list)) else got
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

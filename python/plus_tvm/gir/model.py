@@ -187,39 +187,44 @@ def load_figures(target: tvm.target.Target) -> dict | None:
         return None
 
 
+def cpu_copy_kernel(target: tvm.target.Target, n: int, cores: int, reps: int = 1):
+    """A compiled parallel, vectorized TVM copy of ``n`` float32 (``b = a + r`` for ``reps``
+    repetitions ``r``, so nothing folds it away) split over ``cores`` parallel chunks; it moves
+    ``2 * 4 * n * reps`` bytes per call. The bandwidth reference of the model and of
+    ``scripts/bench-memory``."""
+    from tvm.script import tirx as T  # noqa: N812
+
+    lanes = _cpu_lanes(target)
+    chunk = n // cores
+    inner = chunk // lanes
+
+    @T.prim_func
+    def copy(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        for c in T.parallel(cores):
+            for r in range(reps):
+                for j in range(inner):
+                    for v in T.vectorized(lanes):
+                        b[c * chunk + j * lanes + v] = a[c * chunk + j * lanes + v] + T.Cast(
+                            "float32", r
+                        )
+
+    return tvm.compile(tvm.IRModule({"main": copy}), target=target)["main"]
+
+
 def measure_cpu(target: tvm.target.Target, store: bool = True, seconds: float = 0.5) -> dict:
     """Measure copy bandwidth of DRAM (a 64 MiB copy on every core) and of cache (256 KiB per
     core, repeated) with a parallel, vectorized TVM copy kernel; store them when asked."""
     import numpy as np
-    from tvm.script import tirx as T  # noqa: N812
-
-    lanes = _cpu_lanes(target)
 
     # with the runtime's thread pool as it is: TVM sizes it at start-up (``TVM_NUM_THREADS``;
     # by default half the hardware threads on x86), and kernels will run on that pool
     cores = int(target.attrs.get("num-cores", 1) or 1)
 
-    def copy_kernel(n: int, reps: int):
-        chunk = n // cores
-        inner = chunk // lanes
-
-        @T.prim_func
-        def copy(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
-            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-            for c in T.parallel(cores):
-                for r in range(reps):
-                    for j in range(inner):
-                        for v in T.vectorized(lanes):
-                            b[c * chunk + j * lanes + v] = a[c * chunk + j * lanes + v] + T.Cast(
-                                "float32", r
-                            )
-
-        return tvm.compile(tvm.IRModule({"main": copy}), target=target)["main"]
-
     dev = tvm.cpu()
 
     def rate(n: int, reps: int) -> float:
-        fn = copy_kernel(n, reps)
+        fn = cpu_copy_kernel(target, n, cores, reps)
         a = tvm.runtime.tensor(np.ones(n, "float32"), dev)
         b = tvm.runtime.tensor(np.zeros(n, "float32"), dev)
         fn(a, b)
