@@ -218,6 +218,7 @@ class _FunctionFuser:
                         if a.same_as(var)
                     )
                 edges.append(Edge(i, j, _bytes(bindings[i].var.ty), contiguous))
+        edges += _symbolic_edges(bindings, {(e.src, e.dst) for e in edges})
         if tvm_rules:
             return FusionGraph(patterns, edges, names, rule=tvm_rule, fusible=tvm_fusible)
         return FusionGraph(patterns, edges, names)
@@ -332,6 +333,26 @@ class _FunctionFuser:
             item = self.builder.normalize(relax.TupleGetItem(tuple_var, k))
             out.append(relax.VarBinding(var, item))
         return out
+
+
+def _symbolic_edges(bindings: Sequence[relax.Binding], data: set[tuple[int, int]]) -> list[Edge]:
+    """Dependences through symbolic sizes: a binding whose value or type uses a size that a
+    ``match_cast`` defines must stay after it, although it does not read the cast's variable
+    (``gv = call_tir(f, x, out_ty=(s,))`` after ``match_cast(shape, [s])``). They carry no
+    tensor (weight 0); without them a rebuilt block could use ``s`` before it is computed.
+    """
+    definer: dict[int, int] = {}
+    edges: list[Edge] = []
+    for j, binding in enumerate(bindings):
+        used = list(relax.analysis.free_symbolic_vars(binding.value))
+        used += list(relax.analysis.tir_vars_in_type(binding.var.ty))
+        for i in sorted({definer[v.id_] for v in used if v.id_ in definer} - {j}):
+            if (i, j) not in data:
+                edges.append(Edge(i, j, 0.0, False))
+        if isinstance(binding, relax.MatchCast):
+            for sym in relax.analysis.definable_tir_vars_in_type(binding.ty):
+                definer.setdefault(sym.id_, j)
+    return edges
 
 
 def _operands(value: relax.Expr) -> list[relax.Expr]:

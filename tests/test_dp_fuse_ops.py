@@ -12,6 +12,7 @@ from plus_tvm.passes import AnnotateMapPattern, DPFuseOps
 from plus_tvm.stats import kernel_stats
 from plus_tvm.target import host_target
 from tvm import relax, tirx
+from tvm.script import tirx as T
 
 TARGET = host_target()
 
@@ -277,3 +278,72 @@ def test_user_written_primfunc_is_classified_and_fused(index_dtype, kernels):
     arg = np.random.default_rng(4).standard_normal((4, 8)).astype("float32")
     (out,) = _run(mod, [arg], plus_tvm.pipeline(TARGET))
     np.testing.assert_allclose(out, np.maximum(arg * 3, 0), rtol=1e-6)
+
+
+# ------------------------------------------------- regressions found by ONNX's node tests
+def _sized_by_match_cast(bb, p):
+    """``y = relu(x) + 1``, then a kernel whose output size a ``match_cast`` defines: the
+    kernel reads no variable of the cast, only its symbolic sizes (ONNX Slice's import)."""
+    (x,) = p
+    a = bb.emit(relax.op.nn.relu(x))
+    b = bb.emit(relax.op.add(a, relax.const(1.0, "float32")))
+    shape = bb.emit(relax.op.shape_to_tensor(relax.op.shape_of(b)))
+    dims = bb.emit(relax.op.tensor_to_shape(shape))
+    n, m = tirx.Var("n", "int64"), tirx.Var("m", "int64")
+    bb.match_cast(dims, relax.ShapeType([n, m]))
+    return bb.emit(relax.op.reshape(b, relax.ShapeExpr([n, m])))
+
+
+def test_a_binding_stays_after_the_match_cast_that_defines_its_sizes():
+    mod = _build([("x", (4, 6))], _sized_by_match_cast)
+    # the plan groups relu, add and the reshape; the group is not outlined (its sizes are not
+    # defined by its inputs) but the block is rebuilt in the plan's order
+    fused = _fused(mod)
+    bindings = fused["main"].body.blocks[0].bindings
+    cast = next(i for i, b in enumerate(bindings) if isinstance(b, relax.MatchCast))
+    sizes = {v.id_ for v in relax.analysis.definable_tir_vars_in_type(bindings[cast].ty)}
+    for i, binding in enumerate(bindings):
+        used = {v.id_ for v in relax.analysis.tir_vars_in_type(binding.var.ty)}
+        used |= {v.id_ for v in relax.analysis.free_symbolic_vars(binding.value)}
+        if used & sizes and i != cast:
+            assert i > cast, f"{binding.var.name} uses a size before the match_cast defines it"
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    (out,) = _run(mod, [x], plus_tvm.pipeline(TARGET))
+    np.testing.assert_allclose(out, np.maximum(x, 0) + 1, rtol=1e-6)
+
+
+def _cumsum_of_a_cast(bb, p):
+    """RoBERTa's position ids: a cumsum over an integer cast of the input, then arithmetic."""
+    (x,) = p
+    mask = bb.emit(relax.op.astype(relax.op.greater(x, relax.const(0.0, "float32")), "int64"))
+    csum = bb.emit(relax.op.cumsum(mask, axis=1))
+    pos = bb.emit(relax.op.multiply(csum, mask))
+    return bb.emit(relax.op.astype(relax.op.add(pos, relax.const(1, "int64")), "float32"))
+
+
+def test_extern_kernels_with_offset_buffers_are_never_grouped():
+    mod = _build([("x", (2, 7))], _cumsum_of_a_cast)
+    with TARGET:  # the pipeline's phase 1 turns cumsum into TVM's extern scan kernel
+        mod = tvm.transform.Sequential(relax.pipeline.library_dispatch_passes(TARGET))(mod)
+    legal = _legalized(mod)
+    (cumsum,) = [f for gv, f in legal.functions_items() if gv.name_hint.startswith("cumsum")]
+    assert plus_tvm.mapping.analyze_primfunc(cumsum) == plus_tvm.MapPattern.NotFuse
+    fused = _fused(mod)
+    assert any(name.startswith("cumsum") for name in _kernels(fused)), "cumsum stays alone"
+    x = np.random.default_rng(1).standard_normal((2, 7)).astype("float32")
+    (out,) = _run(mod, [x], plus_tvm.pipeline(TARGET))
+    m = (x > 0).astype(np.int64)
+    np.testing.assert_array_equal(out, (np.cumsum(m, axis=1) * m + 1).astype("float32"))
+
+
+def test_an_opaque_extern_block_is_not_fuse():
+    @T.prim_func(private=True, s_tir=True)
+    def prefix(a: T.Buffer((T.int64(8),), "float32"), out: T.Buffer((T.int64(8),), "float32")):
+        with T.sblock("prefix_generic"):
+            T.reads()
+            T.writes()
+            out[0] = a[0]
+            for i in range(T.int64(7)):
+                out[i + 1] = out[i] + a[i + 1]
+
+    assert plus_tvm.mapping.analyze_primfunc(prefix) == plus_tvm.MapPattern.NotFuse

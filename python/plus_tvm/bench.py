@@ -187,7 +187,7 @@ class Bench:
         import torch
 
         torch.set_num_threads(_cores())
-        args = tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs)
+        args = tuple(torch.from_numpy(np.asarray(x, order="C")) for x in inputs)
         fn = torch.compile(module) if compiled else module
 
         def run() -> object:
@@ -287,7 +287,7 @@ class Bench:
             import torch
 
             with torch.inference_mode():
-                args = tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in self.inputs)
+                args = tuple(torch.from_numpy(np.asarray(x, order="C")) for x in self.inputs)
                 ref, self.reference_name = _first(self.loaded.torch_module(*args)), "torch"
         self.reference = ref
         result = {}

@@ -223,7 +223,7 @@ def _reference(source, inputs) -> tuple[str, object]:
         import torch
 
         with torch.inference_mode():
-            out = source.torch_module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])
+            out = source.torch_module(*[torch.from_numpy(np.asarray(x, order="C")) for x in inputs])
         if isinstance(out, (tuple, list)):
             return "torch", tuple(o.numpy() for o in out)
         return "torch", out.numpy()

@@ -284,7 +284,7 @@ class CompiledModel:
                             f"input {spec.name}: symbolic dim {dim} is {size} here but "
                             f"{bound[dim]} in an earlier input"
                         )
-            arrays.append(np.ascontiguousarray(arr))
+            arrays.append(np.asarray(arr, order="C"))  # keeps 0-d arrays 0-d
         return arrays
 
     # ------------------------------------------------------------------------------- saving

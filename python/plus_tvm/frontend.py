@@ -176,6 +176,8 @@ def from_onnx(
     for inp in model.graph.input:
         if inp.name in initializers:
             continue
+        if inp.type.WhichOneof("value") != "tensor_type" or not inp.type.tensor_type.elem_type:
+            continue  # optionals and sequences: TVM's importer reads their types itself
         elem = inp.type.tensor_type.elem_type
         dtypes[inp.name] = str(onnx.helper.tensor_dtype_to_np_dtype(elem))
     shapes = None

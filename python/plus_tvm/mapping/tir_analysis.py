@@ -274,7 +274,57 @@ def analyze_primfunc(func: tirx.PrimFunc) -> MapPattern:
     A PrimFunc without any analysable block (opaque code from ``te.extern`` or the IR builder,
     such as sort or scan kernels) is ``NotFuse``.
     """
-    classes = [c for c in (classify_block(b) for b in _blocks(func.body)) if c is not None]
+    if not _mergeable_buffers(func):
+        return MapPattern.NotFuse
+    blocks = list(_blocks(func.body))
+    if any(_is_opaque(b) for b in blocks):
+        return MapPattern.NotFuse
+    classes = [c for c in (classify_block(b) for b in blocks) if c is not None]
     if not classes:
         return MapPattern.NotFuse
     return most_complex(*classes)
+
+
+def _mergeable_buffers(func: tirx.PrimFunc) -> bool:
+    """Whether every buffer parameter is a plain compact buffer (offset 0, no strides).
+
+    The extern kernels of scatter / cumsum take buffers with a symbolic ``elem_offset``;
+    FuseTIR cannot map them onto a fused kernel's buffers ("Inconsistent buffers ... mapped to
+    the same relax var"), and TVM marks such kernels opaque.
+    """
+    for param in func.params:
+        ty = param.ty
+        if not hasattr(ty, "elem_offset"):
+            continue  # a scalar parameter
+        offset = ty.elem_offset
+        if not (isinstance(offset, tirx.IntImm) and int(offset) == 0):
+            return False
+        if ty.strides is not None and len(ty.strides) > 0:
+            return False
+    return True
+
+
+def _is_opaque(block: SBlock) -> bool:
+    """A block without iterators that stores inside loops of its own: code from ``te.extern``
+    or the IR builder (scatter, cumsum, sort), whose accesses TensorIR cannot see."""
+    if block.iter_vars:
+        return False
+    return any(True for _ in _stores_in_loops(block.body))
+
+
+def _stores_in_loops(stmt: tirx.Stmt, in_loop: bool = False) -> Iterator[tirx.BufferStore]:
+    """Stores under a loop of ``stmt``, not inside nested blocks."""
+    if isinstance(stmt, tirx.BufferStore):
+        if in_loop:
+            yield stmt
+    elif isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            yield from _stores_in_loops(s, in_loop)
+    elif isinstance(stmt, tirx.IfThenElse):
+        yield from _stores_in_loops(stmt.then_case, in_loop)
+        if stmt.else_case is not None:
+            yield from _stores_in_loops(stmt.else_case, in_loop)
+    elif isinstance(stmt, (SBlockRealize, SBlock)):
+        return
+    elif hasattr(stmt, "body") and isinstance(stmt.body, tirx.Stmt):
+        yield from _stores_in_loops(stmt.body, in_loop or isinstance(stmt, tirx.For))

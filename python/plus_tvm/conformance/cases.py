@@ -1,0 +1,151 @@
+"""ONNX's backend node tests, generated once into a cache.
+
+The ``onnx`` wheel carries the generators of its node tests
+(``onnx.backend.test.case.node.collect_testcases``) but not their data files. Generating them takes
+a few seconds and prints numpy warnings, so it is done once per ``onnx`` version and the result is
+pickled under the user's cache (``~/.cache/plus_tvm/onnx_node_tests/<onnx version>.pkl``).
+
+Only *runnable* tests are kept: every input and output of every data set is a numeric tensor
+(bool, signed or unsigned integers, float16/32/64). Strings, sequences, optionals and the 8-bit,
+4-bit and bfloat16 float formats are left out: TVM's runtime does not exchange them with numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+NUMERIC_DTYPES = frozenset(
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64".split()
+)
+CACHE_ENV = "PLUS_TVM_CACHE"
+
+
+@dataclass(frozen=True)
+class NodeCase:
+    """One ONNX node test: the model, its data sets and the tolerances ONNX's runner uses."""
+
+    name: str
+    op: str  # operator under test (the op type of the single-node model)
+    model: bytes  # serialized onnx.ModelProto
+    data_sets: tuple[tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]], ...]
+    rtol: float
+    atol: float
+
+    @property
+    def expanded(self) -> bool:
+        """Whether this is the function-expanded form of another test (``*_expanded*``)."""
+        return "_expanded" in self.name
+
+
+def cache_dir() -> str:
+    """The plus_tvm cache folder (``$PLUS_TVM_CACHE`` or ``~/.cache/plus_tvm``)."""
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "plus_tvm")
+    return os.path.join(root, "onnx_node_tests")
+
+
+def cache_path() -> str:
+    import onnx
+
+    return os.path.join(cache_dir(), f"onnx-{onnx.__version__}.pkl")
+
+
+def _numeric(value: object) -> np.ndarray | None:
+    """``value`` as a numeric numpy array, or None when it is not one."""
+    import onnx
+    from onnx import numpy_helper
+
+    if isinstance(value, onnx.TensorProto):
+        try:
+            value = numpy_helper.to_array(value)
+        except (ValueError, TypeError):  # formats numpy cannot hold
+            return None
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray) or value.dtype.name not in NUMERIC_DTYPES:
+        return None
+    return value
+
+
+def _operator(model: object) -> str:
+    """The op type under test: the model's one node, else (a function-expanded body) its last."""
+    nodes = model.graph.node
+    return nodes[0].op_type if len(nodes) == 1 else (nodes[-1].op_type if nodes else "")
+
+
+def generate() -> list[NodeCase]:
+    """Run ONNX's generators and keep the runnable tests (slow: use :func:`load_cases`)."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        raw = collect_testcases(None)
+    # an expanded test is named after the test it expands: it tests that test's operator
+    ops = {c.name: _operator(c.model) for c in raw if c.model is not None}
+    cases = []
+    for case in raw:
+        if case.model is None or not case.data_sets:
+            continue
+        sets = []
+        for inputs, outputs in case.data_sets:
+            ins = [_numeric(x) for x in inputs]
+            outs = [_numeric(x) for x in outputs]
+            if any(x is None for x in ins + outs):
+                break
+            sets.append((tuple(ins), tuple(outs)))
+        else:
+            cases.append(
+                NodeCase(
+                    case.name,
+                    ops.get(case.name.split("_expanded")[0], ops[case.name]),
+                    case.model.SerializeToString(),
+                    tuple(sets),
+                    float(case.rtol),
+                    float(case.atol),
+                )
+            )
+    return cases
+
+
+def load_cases(refresh: bool = False) -> list[NodeCase]:
+    """The runnable node tests, from the cache (generated on first use).
+
+    The cache holds plain dicts (see :func:`read_cache`) so that a worker can read it without
+    importing plus_tvm.
+    """
+    path = cache_path()
+    if not refresh and os.path.exists(path):
+        try:
+            return [NodeCase(**d) for d in read_cache(path)]
+        except (OSError, pickle.UnpicklingError, EOFError, TypeError, KeyError):
+            pass  # a corrupt or stale cache is regenerated
+    cases = generate()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump([dataclasses.asdict(c) for c in cases], f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+    return cases
+
+
+def read_cache(path: str) -> list[dict]:
+    """The cached tests as dicts with :class:`NodeCase`'s fields."""
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def first_of_each_operator(cases: list[NodeCase]) -> list[NodeCase]:
+    """The CI subset: the first test of every operator (expanded forms are operators too)."""
+    seen: set[tuple[str, bool]] = set()
+    subset = []
+    for case in cases:
+        key = (case.op, case.expanded)
+        if key not in seen:
+            seen.add(key)
+            subset.append(case)
+    return subset
