@@ -6,6 +6,7 @@ from .dp_fuse_ops import DPFuseOps
 from .fold_pad_into_conv import FoldPadIntoConv
 from .global_pool_to_mean import GlobalPoolToMean
 from .plus_dispatch import PlusDispatch
+from .propagate_nan import PropagateNaN
 from .rewrite_cuda_graph import RewriteCUDAGraph
 from .simplify_views import SimplifyViews
 
@@ -16,6 +17,7 @@ __all__ = [
     "FoldPadIntoConv",
     "GlobalPoolToMean",
     "PlusDispatch",
+    "PropagateNaN",
     "RewriteCUDAGraph",
     "SimplifyViews",
 ]

@@ -8,16 +8,12 @@ same point, so both report comparable numbers.
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from dataclasses import dataclass
 
-import numpy as np
 import tvm
-from tvm import relax
 
-from .errors import InputError, ModelLoadError, PlusError
+from .compiled_model import CompiledModel, InputSpec, WeightSource, input_specs, load
+from .errors import ModelLoadError, PlusError
 from .frontend import num_inputs
 from .loader import LoadedModel, load_model
 from .options import Options
@@ -29,36 +25,13 @@ from .pipeline import (
     tvm_pre_lowering_passes,
 )
 from .stats import FusionRecorder, count_ops, kernel_stats
-from .target import device_for, resolve_target, target_name
+from .target import resolve_target, target_name
+
+__all__ = ["CompiledModel", "InputSpec", "compile", "input_specs", "inspect", "load"]
 
 PIPELINES = ("plus", "tvm")
 _PRE_LOWERING = PHASE_NAMES[:4]
 _POST = PHASE_NAMES[4:]
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """Name, shape (ints, or str for symbolic dims) and dtype of one model input."""
-
-    name: str
-    shape: tuple[int | str, ...]
-    dtype: str
-
-    def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
-
-
-def input_specs(mod: tvm.IRModule) -> list[InputSpec]:
-    """The model inputs of ``main`` (the parameters before ``num_input``)."""
-    main = mod["main"]
-    specs = []
-    for param in main.params[: num_inputs(mod)]:
-        ty = param.ty
-        if not isinstance(ty, relax.TensorType) or ty.shape is None:
-            raise ModelLoadError(f"input {param.name} is not a tensor of known rank ({ty})")
-        dims = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values)
-        specs.append(InputSpec(param.name, dims, str(ty.dtype)))
-    return specs
 
 
 # --------------------------------------------------------------------------------------- stats
@@ -197,172 +170,13 @@ def compile(  # noqa: A001 - the public name of the contract
         )
     stats["compile_s"] = round(time.perf_counter() - start, 3)
     params = [loaded.params[name] for name in weight_names]
-    return CompiledModel(executable, tgt, params, input_specs(loaded.mod), stats, loaded)
+    sources = [
+        WeightSource(*loaded.weight_tensors[n]) if n in loaded.weight_tensors else None
+        for n in weight_names
+    ]
+    baked = [WeightSource(name, tensor) for name, tensor in loaded.baked_tensors]
+    return CompiledModel(
+        executable, tgt, params, input_specs(loaded.mod), stats, loaded, sources, baked
+    )
 
 
-# ------------------------------------------------------------------------------- CompiledModel
-class CompiledModel:
-    """A compiled model: call it with numpy arrays or torch tensors, get numpy arrays back.
-
-    Weights are moved to the device once, at construction. Inputs are checked against the
-    signature (count, dtype, rank, static dims, consistent symbolic dims) before running.
-    """
-
-    def __init__(
-        self,
-        executable: object,
-        target: tvm.target.Target,
-        params: list,
-        inputs: list[InputSpec],
-        stats: dict[str, object],
-        source: LoadedModel | None = None,
-    ) -> None:
-        self.executable = executable
-        self.target = target
-        self.device = device_for(target)
-        self.inputs = inputs
-        self.stats = stats
-        self.source = source
-        self._weights = params
-        self._vm_state: tuple | None = None  # (vm, weights on the device), made on first run
-
-    def _vm(self) -> tuple:
-        """The VM and the weights on the device, created on first use: a model compiled for a
-        GPU on a machine without one can still be inspected and exported."""
-        if self._vm_state is None:
-            if not self.device.exist:
-                raise PlusError(
-                    f"cannot run a model compiled for {target_name(self.target)}: "
-                    f"no {self.device} on this machine (export_library works without one)"
-                )
-            vm = relax.VirtualMachine(self.executable, self.device)
-            weights = [tvm.runtime.tensor(_as_numpy(p), self.device) for p in self._weights]
-            self._vm_state = (vm, weights)
-        return self._vm_state
-
-    # -------------------------------------------------------------------------------- running
-    def __call__(self, *inputs: object) -> np.ndarray | tuple[np.ndarray, ...]:
-        return _to_numpy(self.run_prepared(self.prepare(*inputs)))
-
-    def prepare(self, *inputs: object) -> list:
-        """Check inputs and place them on the device (separate so benchmarks can time runs)."""
-        arrays = self.check_inputs(inputs)
-        self._vm()  # fail clearly before touching a missing device
-        return [tvm.runtime.tensor(a, self.device) for a in arrays]
-
-    def run_prepared(self, prepared: list) -> object:
-        """Run on inputs from :meth:`prepare`; returns TVM tensors (synchronised)."""
-        vm, weights = self._vm()
-        out = vm["main"](*prepared, *weights)
-        self.device.sync()
-        return out
-
-    def check_inputs(self, inputs: tuple) -> list[np.ndarray]:
-        """Validate inputs against the model signature; returns them as numpy arrays."""
-        if len(inputs) != len(self.inputs):
-            names = ", ".join(s.name for s in self.inputs)
-            raise InputError(
-                f"model takes {len(self.inputs)} input(s) ({names}), got {len(inputs)}"
-            )
-        arrays = []
-        bound: dict[str, int] = {}
-        for spec, value in zip(self.inputs, inputs):
-            arr = _as_numpy(value)
-            if str(arr.dtype) != spec.dtype:
-                raise InputError(f"input {spec.name}: expected dtype {spec.dtype}, got {arr.dtype}")
-            wrong_shape = InputError(
-                f"input {spec.name}: expected shape {_shape(spec.shape)}, got {tuple(arr.shape)}"
-            )
-            if arr.ndim != len(spec.shape):
-                raise wrong_shape
-            for dim, size in zip(spec.shape, arr.shape):
-                if isinstance(dim, int) and dim != size:
-                    raise wrong_shape
-                if isinstance(dim, str):
-                    if bound.setdefault(dim, size) != size:
-                        raise InputError(
-                            f"input {spec.name}: symbolic dim {dim} is {size} here but "
-                            f"{bound[dim]} in an earlier input"
-                        )
-            arrays.append(np.asarray(arr, order="C"))  # keeps 0-d arrays 0-d
-        return arrays
-
-    # ------------------------------------------------------------------------------- saving
-    def export_library(self, path: str) -> str:
-        """Write the compiled library to ``path`` and the weights and signature beside it.
-
-        ``path`` gets the shared library, ``path + ".params"`` the weights (TVM param-dict
-        format), ``path + ".json"`` the target, inputs and stats. :func:`load` reads them back.
-        """
-        path = os.fspath(path)
-        self.executable.export_library(path)
-        params = {f"p{i}": tvm.runtime.tensor(_as_numpy(p)) for i, p in enumerate(self._weights)}
-        with open(path + ".params", "wb") as f:
-            f.write(tvm.runtime.save_param_dict(params))
-        meta = {
-            "format": "plus_tvm.compiled/1",
-            "target": json.loads(str(self.target)),
-            "inputs": [s.to_dict() for s in self.inputs],
-            "num_params": len(self._weights),
-            "stats": self.stats,
-        }
-        with open(path + ".json", "w") as f:
-            json.dump(meta, f, indent=1, default=str)
-        return path
-
-    # ------------------------------------------------------------------------------ display
-    def __repr__(self) -> str:
-        s = self.stats
-        return (
-            f"CompiledModel({s.get('model')!r}, target={s.get('target')!r}, "
-            f"pipeline={s.get('pipeline')!r}, ops={s.get('ops')}, kernels={s.get('kernels')})"
-        )
-
-    def _repr_html_(self) -> str:
-        from .report import stats_html
-
-        return stats_html(self.stats)
-
-
-def load(path: str) -> CompiledModel:
-    """Load a model written by :meth:`CompiledModel.export_library` (in any process)."""
-    path = os.fspath(path)
-    for need in (path, path + ".params", path + ".json"):
-        if not os.path.exists(need):
-            raise ModelLoadError(f"compiled model file missing: {need}")
-    with open(path + ".json") as f:
-        meta = json.load(f)
-    if meta.get("format") != "plus_tvm.compiled/1":
-        raise ModelLoadError(f"{path}.json is not a plus_tvm compiled-model description")
-    with open(path + ".params", "rb") as f:
-        blob = tvm.runtime.load_param_dict(f.read())
-    params = [blob[f"p{i}"] for i in range(meta["num_params"])]
-    executable = tvm.runtime.load_module(path)
-    target = tvm.target.Target(meta["target"])
-    inputs = [InputSpec(d["name"], tuple(d["shape"]), d["dtype"]) for d in meta["inputs"]]
-    return CompiledModel(executable, target, params, inputs, meta["stats"])
-
-
-# ----------------------------------------------------------------------------------- helpers
-def _shape(dims: tuple) -> str:
-    return "(" + ", ".join(str(d) for d in dims) + ")"
-
-
-def _as_numpy(value: object) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensor
-        return value.detach().cpu().numpy()
-    if isinstance(value, tvm.runtime.Tensor):
-        return value.numpy()
-    return np.asarray(value)
-
-
-def _to_numpy(out: object) -> np.ndarray | tuple:
-    if isinstance(out, tvm.runtime.Tensor):
-        return out.numpy()
-    if isinstance(out, (list, tuple)) or hasattr(out, "__len__"):
-        return tuple(_to_numpy(o) for o in out)
-    if hasattr(out, "numpy"):
-        return out.numpy()
-    return np.asarray(out)

@@ -37,3 +37,7 @@ class UnsupportedOperatorError(PlusError, NotImplementedError):
 
 class InputError(PlusError, ValueError):
     """Inputs passed to a compiled model do not match its signature (count, shape or dtype)."""
+
+
+class OutputWriteError(PlusError, OSError):
+    """An output file or folder (``-o``, ``dump_ir``, ``--json``) cannot be written."""

@@ -52,9 +52,16 @@ def from_torch(
     (tvm.IRModule, dict[str, numpy.ndarray])
         The Relax module and its weights by parameter name.
     """
-    import torch
+    return import_exported(export_torch(module, example_args, dynamic_shapes))
 
-    from .torch_fixes import custom_convert_map  # importer bug workarounds
+
+def export_torch(
+    module: torch.nn.Module | torch.export.ExportedProgram,
+    example_args: Sequence[torch.Tensor] | None = None,
+    dynamic_shapes: object = None,
+) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``module`` (an exported program passes through), decomposed."""
+    import torch
 
     if isinstance(module, torch.export.ExportedProgram):
         program = module
@@ -74,8 +81,13 @@ def from_torch(
         raise ModelLoadError(
             f"from_torch expects a torch.nn.Module or ExportedProgram, got {type(module).__name__}"
         )
+    return program.run_decompositions()
 
-    program = program.run_decompositions()
+
+def import_exported(program: torch.export.ExportedProgram) -> tuple[tvm.IRModule, Params]:
+    """Import a decomposed exported program to Relax (weights kept as inputs)."""
+    from .torch_fixes import custom_convert_map  # importer bug workarounds
+
     custom = custom_convert_map()
     importer = _NamingImporter()
     _check_torch_ops(program, set(importer.convert_map) | set(custom))
@@ -87,6 +99,33 @@ def from_torch(
         custom_convert_map=custom,
     )
     return _detach(mod)
+
+
+def torch_weight_tensors(
+    program: torch.export.ExportedProgram, param_names: Sequence[str]
+) -> tuple[dict[str, tuple[str, object]], list[tuple[str, object]]]:
+    """The torch tensors behind an exported program's weights.
+
+    Returns ``({relax parameter name: (module name, tensor)}, [(module name, tensor)])``: the
+    parameters that stay weights of the compiled model, and the buffers and parameters that the
+    importer compiled in as constants. The tensors are the module's own (``torch.export`` shares
+    them), so their version counters show in-place changes made after compilation.
+    """
+    sig = program.graph_signature
+    state = program.state_dict
+    kept: dict[str, tuple[str, object]] = {}
+    baked: list[tuple[str, object]] = []
+    names = set(param_names)
+    for table in (sig.inputs_to_parameters, sig.inputs_to_buffers):
+        for placeholder, fqn in table.items():
+            tensor = state.get(fqn)
+            if tensor is None:
+                continue  # a non-persistent buffer: a constant of the program
+            if placeholder in names:
+                kept[placeholder] = (fqn, tensor)
+            else:
+                baked.append((fqn, tensor))
+    return kept, baked
 
 
 def _node_location(node: object) -> str:

@@ -22,7 +22,14 @@ import numpy as np
 import tvm
 
 from .errors import ModelLoadError
-from .frontend import Params, from_onnx, from_torch
+from .frontend import (
+    Params,
+    export_torch,
+    from_onnx,
+    import_exported,
+    num_inputs,
+    torch_weight_tensors,
+)
 
 
 @dataclass
@@ -37,6 +44,10 @@ class LoadedModel:
     onnx_model: object | None = None  # onnx.ModelProto, for onnxruntime references
     source: str = "relax"  # "zoo", "torch", "onnx", "relax"
     extra: dict = field(default_factory=dict)
+    # torch tensors behind the weights: {weight parameter: (module name, tensor)}, and the ones
+    # compiled in as constants (see :func:`plus_tvm.frontend.torch_weight_tensors`)
+    weight_tensors: dict = field(default_factory=dict)
+    baked_tensors: list = field(default_factory=list)
 
 
 def load_model(model: object, example_args: object = None) -> LoadedModel:
@@ -90,7 +101,9 @@ def _load_torch(module: object, example_args: object, name: str, source: str) ->
 
     if example_args is not None and not isinstance(example_args, (list, tuple)):
         example_args = (example_args,)
-    mod, params = from_torch(module, example_args)
+    program = export_torch(module, example_args)
+    mod, params = import_exported(program)
+    kept, baked = torch_weight_tensors(program, [p.name for p in mod["main"].params[num_inputs(mod) :]])
     torch_module = module if isinstance(module, torch.nn.Module) else module.module()
     return LoadedModel(
         name,
@@ -99,6 +112,8 @@ def _load_torch(module: object, example_args: object, name: str, source: str) ->
         torch_module=torch_module,
         example_inputs=tuple(example_args) if example_args is not None else None,
         source=source,
+        weight_tensors=kept,
+        baked_tensors=baked,
     )
 
 

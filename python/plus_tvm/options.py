@@ -77,6 +77,10 @@ class Options:
         Phase 6 on CUDA targets: capture static kernel runs into CUDA graphs.
     fold_constants : bool
         Run ``FoldConstant`` after legalization (TVM's default does).
+    propagate_nan : bool
+        Phase 4: float ``max`` / ``min`` in the generated kernels (ReLU, clip, max pooling,
+        max reductions) return NaN when an operand is NaN, as torch does (``PropagateNaN``);
+        off: TVM's semantics, which drop a NaN operand.
     dump_ir : str or None
         Folder to which the IR after each pipeline phase is written (debugging aid).
     """
@@ -96,6 +100,7 @@ class Options:
     gir_search_budget: int = 0
     cuda_graph: str = "off"
     fold_constants: bool = True
+    propagate_nan: bool = True
     dump_ir: str | None = None
 
     def __post_init__(self) -> None:
@@ -127,7 +132,13 @@ class Options:
                 f"option gir_search_budget must be a non-negative integer, "
                 f"got {self.gir_search_budget!r}"
             )
-        for name in ("dispatch", "dispatch_cost_model", "fold_constants", "fusion_explain"):
+        for name in (
+            "dispatch",
+            "dispatch_cost_model",
+            "fold_constants",
+            "fusion_explain",
+            "propagate_nan",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(
                     f"option {name} must be true or false, got {getattr(self, name)!r}"

@@ -17,7 +17,8 @@ Phase contents today (later work replaces phases one by one, and says so here):
 4. schedule  - ``gir`` (default ``auto``: CPU on, GPU off): GIR plans of paper 002 for
                memory-intensive kernels (``GIRLLVM`` on CPU; ``GIRCUDA`` on GPU, before
                dlight); GPU: dlight rules (Matmul, GEMV, Reduction, GeneralReduction,
-               Fallback); CPU with ``gir=off``: none
+               Fallback); CPU with ``gir=off``: none; then ``PropagateNaN``
+               (``propagate_nan``: float max / min return NaN for a NaN operand, as torch)
 5. lower     - dataflow lowering (``RewriteDataflowReshape`` ... ``CallTIRRewrite``)
 6. finalize  - memory planning, CUDA graphs on CUDA when enabled, VM lowering
 """
@@ -96,7 +97,12 @@ def fuse_phase(target: tvm.target.Target, options: Options) -> list[tvm.transfor
 
 
 def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
-    """Phase 4: TensorIR schedules for the fused kernels (GIR rules first with ``gir``)."""
+    """Phase 4: TensorIR schedules for the fused kernels (GIR rules first with ``gir``), then
+    NaN-propagating ``max`` / ``min`` (``propagate_nan``)."""
+    return _schedule_passes(target, options) + _nan_passes(target, options)
+
+
+def _schedule_passes(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     from tvm.s_tir import dlight as dl
 
     from .passes import ApplyScheduleRules
@@ -122,6 +128,14 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
 
         return [ApplyScheduleRules(GIRLLVM(budget=options.gir_search_budget))]
     return []
+
+
+def _nan_passes(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
+    if not options.propagate_nan:
+        return []
+    from .passes import PropagateNaN
+
+    return [PropagateNaN(keep_reductions=_is_gpu(target))]
 
 
 def lower_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import tvm_ffi
 
-from ._common import THREADS, ConfigSpec, LibraryKernel, PrepackCache, physical_cores
+from ._common import THREADS, ConfigSpec, LibraryKernel, PrepackCache, physical_cores, to_torch
 from .attention import Attention
 from .conv2d import Conv2d
 from .layer_norm import LayerNorm
@@ -71,6 +71,17 @@ def clear_caches() -> None:
     KERNELS["plus.attention"].causal_masks.clear()
 
 
+def forget_tensor(tensor: object) -> None:
+    """Drop every cached form (packed, BatchNorm-folded) of ``tensor`` in every kernel.
+
+    Called when a compiled model replaces a weight: the old buffer's packing must never be
+    used again, and must not keep the old buffer alive.
+    """
+    ptr = to_torch(tensor).data_ptr()
+    for kernel in KERNELS.values():
+        kernel.forget(ptr)
+
+
 register()
 
 __all__ = [
@@ -81,6 +92,7 @@ __all__ = [
     "PrepackCache",
     "call_overhead_us",
     "clear_caches",
+    "forget_tensor",
     "library_gflops",
     "library_time_us",
     "physical_cores",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -299,6 +300,8 @@ class PrepackCache:
     The packed bytes are bounded (``PLUS_TVM_PREPACK_MB``, default 4096 MiB): past the budget
     the least recently used entries are dropped (and re-packed if seen again), so that a
     long-running process that builds many models does not keep every old weight alive.
+
+    Safe to use from several threads (one lock; packing a weight holds it).
     """
 
     SEEN_LIMIT = 4096
@@ -317,6 +320,7 @@ class PrepackCache:
             value = os.environ.get(PREPACK_BUDGET_ENV, "").strip()
             budget_bytes = int(float(value or PREPACK_BUDGET_MB) * (1 << 20))
         self.budget_bytes = budget_bytes
+        self.lock = threading.RLock()
 
     @staticmethod
     def key(tensor: torch.Tensor, variant: tuple) -> tuple:
@@ -349,6 +353,10 @@ class PrepackCache:
             The cached packed form, or ``None``: use the plain tensor for this call.
         """
         key = self.key(tensor, variant)
+        with self.lock:
+            return self._get(key, tensor, pack)
+
+    def _get(self, key: tuple, tensor: torch.Tensor, pack: Callable[[torch.Tensor], Any]):
         entry = self.entries.get(key)
         if entry is not None:
             self.hits += 1
@@ -372,15 +380,25 @@ class PrepackCache:
 
     def discard(self, tensor: torch.Tensor, variant: tuple) -> None:
         """Drop the entry of ``tensor`` packed as ``variant``, if any."""
-        entry = self.entries.pop(self.key(tensor, variant), None)
-        if entry is not None:
-            self.bytes -= entry[2]
+        with self.lock:
+            entry = self.entries.pop(self.key(tensor, variant), None)
+            if entry is not None:
+                self.bytes -= entry[2]
+
+    def forget(self, data_ptr: int) -> None:
+        """Drop every entry (and sighting) of the tensor at ``data_ptr``, in any variant."""
+        with self.lock:
+            for key in [k for k in self.entries if k[0] == data_ptr]:
+                self.bytes -= self.entries.pop(key)[2]
+            for key in [k for k in self.seen if k[0] == data_ptr]:
+                del self.seen[key]
 
     def clear(self) -> None:
         """Drop every entry (and the references to the source tensors)."""
-        self.entries.clear()
-        self.seen.clear()
-        self.bytes = 0
+        with self.lock:
+            self.entries.clear()
+            self.seen.clear()
+            self.bytes = 0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -489,6 +507,10 @@ class LibraryKernel:
     def num_inputs(self, cfg: tuple) -> int:
         """The number of tensor inputs the call carries for ``cfg``."""
         raise NotImplementedError
+
+    def forget(self, data_ptr: int) -> None:
+        """Drop everything cached for the tensor at ``data_ptr`` (a weight being replaced)."""
+        self.cache.forget(data_ptr)
 
     def run(self, cfg: tuple, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         """Compute into ``out`` from torch tensors (the body of the kernel)."""

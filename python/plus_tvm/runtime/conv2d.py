@@ -98,6 +98,11 @@ class Conv2d(LibraryKernel):
     def num_inputs(self, cfg) -> int:
         return 2 + cfg.bias + 4 * cfg.bn + cfg.residual
 
+    def forget(self, data_ptr: int) -> None:
+        super().forget(data_ptr)
+        for key in [k for k, hit in list(self.folded.items()) if _holds(hit[0], data_ptr)]:
+            self.folded.pop(key, None)
+
     def _fold(self, cfg, w, bias, stats) -> tuple[torch.Tensor, torch.Tensor]:
         key = tuple((t.data_ptr(), tuple(t.shape)) for t in (w, *stats)) + (
             (bias.data_ptr(),) if bias is not None else (None,),
@@ -189,7 +194,10 @@ class Conv2d(LibraryKernel):
             )
             out.copy_(y)
             return
-        attr, algorithm = ONEDNN_UNARY[cfg.act]
+        # oneDNN's fused ReLU / clip turn a NaN into 0 (max instructions): those activations
+        # run in torch, which propagates NaN like eager mode, in the pass that writes ``out``
+        act = "none" if cfg.act in _NAN_DROPPING_POST_OPS else cfg.act
+        attr, algorithm = ONEDNN_UNARY[act]
         y = torch.ops.mkldnn._convolution_pointwise(
             x,
             wp,
@@ -199,9 +207,15 @@ class Conv2d(LibraryKernel):
             dilation,
             cfg.groups,
             attr,
-            ONEDNN_SCALARS.get(cfg.act, []),
+            ONEDNN_SCALARS.get(act, []),
             algorithm,
         )
+        if act != cfg.act and residual is None:
+            low, high = _NAN_DROPPING_POST_OPS[cfg.act]
+            torch.clamp(y, low, high, out=out)
+            return
+        if act != cfg.act:
+            apply_activation_(y, cfg.act)
         if residual is not None:
             torch.add(y, residual, out=out)
         else:
@@ -249,3 +263,11 @@ class Conv2d(LibraryKernel):
             self.choices[key] = self._choose(cfg, args)
             return
         (self._onednn if impl == "onednn" else self._aten)(cfg, *args)
+
+
+# activations whose oneDNN post-op drops NaN, as the clamp bounds torch applies instead
+_NAN_DROPPING_POST_OPS = {"relu": (0.0, None), "relu6": (0.0, 6.0)}
+
+
+def _holds(tensors: tuple, data_ptr: int) -> bool:
+    return any(t is not None and t.data_ptr() == data_ptr for t in tensors)

@@ -1,0 +1,406 @@
+"""``CompiledModel``: a compiled model that checks its inputs, is safe across threads, follows
+in-place weight updates, and is saved and loaded as three files bound by digests.
+
+- **Inputs** are checked against the signature before anything runs: count, dtype, rank,
+  static and symbolic dims, and for *index inputs* (token ids and other tensors that index a
+  table, :mod:`plus_tvm.index_inputs`) the range of valid values. TVM's gather kernels have no
+  bounds checks, so an out-of-range id would read or write outside the table.
+- **Threads**: each calling thread gets its own ``VirtualMachine`` (a VM holds per-call state and
+  is not reentrant); the weights on the device are shared, read-only.
+- **Weights** of a model compiled from a torch module follow the module: a parameter changed in
+  place (its version counter moved) is copied to the device again before the next call. A
+  buffer baked into the code as a constant (BatchNorm statistics) cannot follow: changing one
+  is refused with an error that says so.
+- **Files**: ``path`` (the library), ``path.params`` (weights) and ``path.json`` (signature,
+  target, stats and the sha256 of the other two). :func:`load` refuses a library or weights file
+  whose digest differs (swapped, truncated, foreign) with a :class:`ModelLoadError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .errors import InputError, ModelLoadError, OutputWriteError, PlusError
+from .frontend import num_inputs
+from .index_inputs import IndexRange, index_input_ranges
+from .target import device_for, target_name
+
+FORMAT = "plus_tvm.compiled/2"
+_READABLE_FORMATS = (FORMAT,)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: name, dtype, shape and, for index inputs, the valid values.
+
+    ``shape`` holds ints (static dims), strings (symbolic dims, equal wherever they repeat) and
+    ``None`` (a dim of unknown size); ``shape`` itself is ``None`` when even the rank is unknown.
+    """
+
+    name: str
+    shape: tuple[int | str | None, ...] | None
+    dtype: str
+    index_range: IndexRange | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "name": self.name,
+            "shape": None if self.shape is None else list(self.shape),
+            "dtype": self.dtype,
+        }
+        if self.index_range is not None:
+            out["index_range"] = self.index_range.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> InputSpec:
+        shape = data.get("shape")
+        rng = data.get("index_range")
+        return cls(
+            str(data["name"]),
+            None if shape is None else tuple(shape),
+            str(data["dtype"]),
+            IndexRange.from_dict(rng) if rng else None,
+        )
+
+
+def input_specs(mod: tvm.IRModule) -> list[InputSpec]:
+    """The model inputs of ``main`` (the parameters before ``num_input``)."""
+    main = mod["main"]
+    ranges = index_input_ranges(mod)
+    specs = []
+    for param in main.params[: num_inputs(mod)]:
+        ty = param.ty
+        if not isinstance(ty, relax.TensorType):
+            raise ModelLoadError(f"input {param.name} is not a tensor ({ty})")
+        if ty.shape is not None:
+            dims: tuple | None = tuple(
+                int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values
+            )
+        elif ty.ndim >= 0:
+            dims = (None,) * ty.ndim
+        else:
+            dims = None
+        specs.append(InputSpec(param.name, dims, str(ty.dtype), ranges.get(param.name)))
+    return specs
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """Where a weight came from: the torch tensor it was copied from, to follow updates."""
+
+    name: str  # the module's name for it (``encoder.layer.0.attention.self.query.weight``)
+    tensor: object  # torch.Tensor
+
+    def version(self) -> int:
+        return int(self.tensor._version)
+
+
+class CompiledModel:
+    """A compiled model: call it with numpy arrays or torch tensors, get numpy arrays back.
+
+    Weights are moved to the device once, on first use. Inputs are checked against the
+    signature before running (module docstring). Safe to call from several threads.
+    """
+
+    def __init__(
+        self,
+        executable: object,
+        target: tvm.target.Target,
+        params: list,
+        inputs: list[InputSpec],
+        stats: dict[str, object],
+        source: object | None = None,
+        weight_sources: Sequence[WeightSource | None] | None = None,
+        baked: Sequence[WeightSource] = (),
+    ) -> None:
+        self.executable = executable
+        self.target = target
+        self.device = device_for(target)
+        self.inputs = inputs
+        self.stats = stats
+        self.source = source
+        self._weights = list(params)
+        self._sources = list(weight_sources or [None] * len(self._weights))
+        if len(self._sources) != len(self._weights):
+            raise PlusError(f"{len(self._sources)} weight sources for {len(self._weights)} weights")
+        self._versions = [s.version() if s is not None else 0 for s in self._sources]
+        self._baked = [(b, b.version()) for b in baked]
+        self._lock = threading.Lock()
+        self._device_weights: list | None = None
+        self._local = threading.local()  # one VirtualMachine per calling thread
+
+    # ----------------------------------------------------------------------------- running
+    def __call__(self, *inputs: object) -> np.ndarray | tuple[np.ndarray, ...]:
+        return _to_numpy(self.run_prepared(self.prepare(*inputs)))
+
+    def prepare(self, *inputs: object) -> list:
+        """Check inputs and place them on the device (separate so benchmarks can time runs)."""
+        arrays = self.check_inputs(inputs)
+        self._vm()  # fail clearly before touching a missing device
+        try:
+            return [tvm.runtime.tensor(a, self.device) for a in arrays]
+        except tvm.error.TVMError as err:
+            raise InputError(f"cannot place the inputs on {self.device}: {_last_line(err)}") from None
+
+    def run_prepared(self, prepared: list) -> object:
+        """Run on inputs from :meth:`prepare`; returns TVM tensors (synchronised)."""
+        vm, weights = self._vm()
+        out = vm["main"](*prepared, *weights)
+        self.device.sync()
+        return out
+
+    def _vm(self) -> tuple:
+        """This thread's VM and the shared weights on the device (weights refreshed when the
+        torch parameters they came from changed in place)."""
+        if not self.device.exist:
+            raise PlusError(
+                f"cannot run a model compiled for {target_name(self.target)}: "
+                f"no {self.device} on this machine (export_library works without one)"
+            )
+        weights = self._current_weights()
+        vm = getattr(self._local, "vm", None)
+        if vm is None:
+            with self._lock:  # VM construction reads the shared executable
+                vm = self._local.vm = relax.VirtualMachine(self.executable, self.device)
+        return vm, weights
+
+    def _current_weights(self) -> list:
+        for baked, version in self._baked:
+            if baked.version() != version:
+                raise InputError(
+                    f"buffer {baked.name} of the torch module changed after compilation; it is "
+                    "compiled into the code as a constant: compile the model again"
+                )
+        with self._lock:
+            if self._device_weights is None:
+                self._device_weights = [
+                    tvm.runtime.tensor(_as_numpy(p), self.device) for p in self._weights
+                ]
+            for i, source in enumerate(self._sources):
+                if source is not None and source.version() != self._versions[i]:
+                    self._refresh(i, source)
+            return list(self._device_weights)
+
+    def _refresh(self, i: int, source: WeightSource) -> None:
+        """Copy weight ``i`` from its torch tensor again, into a new device buffer: library
+        kernels cache packed weights by address, so the old buffer's packing is never reused."""
+        from .runtime import forget_tensor
+
+        version = source.version()
+        value = _as_numpy(source.tensor)
+        old = self._device_weights[i]
+        if tuple(value.shape) != tuple(old.shape) or str(value.dtype) != str(old.dtype):
+            raise InputError(
+                f"weight {source.name} changed shape or dtype after compilation "
+                f"({tuple(old.shape)} {old.dtype} -> {tuple(value.shape)} {value.dtype}): "
+                "compile the model again"
+            )
+        self._device_weights[i] = tvm.runtime.tensor(value, self.device)
+        self._weights[i] = value
+        self._versions[i] = version
+        forget_tensor(old)
+
+    def check_inputs(self, inputs: tuple) -> list[np.ndarray]:
+        """Validate inputs against the model signature; returns them as numpy arrays."""
+        if len(inputs) != len(self.inputs):
+            names = ", ".join(s.name for s in self.inputs)
+            raise InputError(
+                f"model takes {len(self.inputs)} input(s) ({names}), got {len(inputs)}"
+            )
+        arrays = []
+        bound: dict[str, int] = {}
+        for spec, value in zip(self.inputs, inputs):
+            try:
+                arr = _as_numpy(value)
+            except (TypeError, ValueError, RuntimeError) as err:
+                raise InputError(f"input {spec.name}: not an array ({err})") from None
+            if str(arr.dtype) != spec.dtype:
+                raise InputError(f"input {spec.name}: expected dtype {spec.dtype}, got {arr.dtype}")
+            if spec.shape is not None:
+                _check_shape(spec, arr, bound)
+            if spec.index_range is not None and arr.size:
+                _check_range(spec, arr)
+            arrays.append(np.asarray(arr, order="C"))  # (keeps 0-d arrays 0-d)
+        return arrays
+
+    # ------------------------------------------------------------------------------ saving
+    def export_library(self, path: str) -> str:
+        """Write the compiled library to ``path`` and the weights and signature beside it.
+
+        ``path`` gets the shared library, ``path + ".params"`` the weights (TVM param-dict
+        format), ``path + ".json"`` the target, inputs, stats and the sha256 digests of the
+        other two files. :func:`load` reads them back and checks the digests.
+        """
+        path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise OutputWriteError(f"cannot write {path}: folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):
+            raise OutputWriteError(f"cannot write {path}: folder {folder} is not writable")
+        with self._lock:
+            weights = list(self._weights)
+        params = {f"p{i}": tvm.runtime.tensor(_as_numpy(p)) for i, p in enumerate(weights)}
+        blob = tvm.runtime.save_param_dict(params)
+        try:
+            self.executable.export_library(path)
+            with open(path + ".params", "wb") as f:
+                f.write(blob)
+            meta = {
+                "format": FORMAT,
+                "target": json.loads(str(self.target)),
+                "inputs": [s.to_dict() for s in self.inputs],
+                "num_params": len(weights),
+                "sha256": {"library": _sha256_file(path), "params": _sha256(blob)},
+                "stats": self.stats,
+            }
+            with open(path + ".json", "w") as f:
+                json.dump(meta, f, indent=1, default=str)
+        except OSError as err:
+            raise OutputWriteError(f"cannot write {path}: {err.strerror or err}") from None
+        return path
+
+    # ----------------------------------------------------------------------------- display
+    def __repr__(self) -> str:
+        s = self.stats
+        return (
+            f"CompiledModel({s.get('model')!r}, target={s.get('target')!r}, "
+            f"pipeline={s.get('pipeline')!r}, ops={s.get('ops')}, kernels={s.get('kernels')})"
+        )
+
+    def _repr_html_(self) -> str:
+        from .report import stats_html
+
+        return stats_html(self.stats)
+
+
+def load(path: str) -> CompiledModel:
+    """Load a model written by :meth:`CompiledModel.export_library` (in any process).
+
+    Raises :class:`ModelLoadError` when a file is missing, unreadable, or does not belong with
+    the others (its sha256 differs from the one recorded at export).
+    """
+    path = os.fspath(path)
+    for need in (path, path + ".params", path + ".json"):
+        if not os.path.isfile(need):
+            raise ModelLoadError(f"compiled model file missing: {need}")
+    try:
+        with open(path + ".json") as f:
+            meta = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"{path}.json is not a readable model description: {err}") from None
+    if not isinstance(meta, dict) or meta.get("format") not in _READABLE_FORMATS:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ModelLoadError(
+            f"{path}.json is not a plus_tvm compiled-model description of format {FORMAT} "
+            f"(found {found!r}); export the model again with this version"
+        )
+    try:
+        digests = dict(meta["sha256"])
+        inputs = [InputSpec.from_dict(d) for d in meta["inputs"]]
+        num_params = int(meta["num_params"])
+        target = tvm.target.Target(meta["target"])
+    except (KeyError, TypeError, ValueError, tvm.error.TVMError) as err:
+        raise ModelLoadError(f"{path}.json is incomplete or malformed: {err!r}") from None
+    if _sha256_file(path) != digests.get("library"):
+        raise ModelLoadError(
+            f"{path} does not match {path}.json (sha256 differs): the library was replaced, "
+            "truncated or rebuilt; export the model again"
+        )
+    with open(path + ".params", "rb") as f:
+        blob = f.read()
+    if _sha256(blob) != digests.get("params"):
+        raise ModelLoadError(
+            f"{path}.params does not belong to {path} (sha256 differs from {path}.json): the "
+            "weights file was swapped, truncated or edited"
+        )
+    try:
+        table = tvm.runtime.load_param_dict(blob)
+        params = [table[f"p{i}"] for i in range(num_params)]
+    except (tvm.error.TVMError, KeyError) as err:
+        raise ModelLoadError(f"{path}.params cannot be read: {_last_line(err)}") from None
+    try:
+        executable = tvm.runtime.load_module(path)
+    except tvm.error.TVMError as err:
+        raise ModelLoadError(f"{path} is not a loadable library: {_last_line(err)}") from None
+    return CompiledModel(executable, target, params, inputs, meta.get("stats", {}))
+
+
+# ----------------------------------------------------------------------------------- helpers
+def _check_shape(spec: InputSpec, arr: np.ndarray, bound: dict[str, int]) -> None:
+    wrong = InputError(
+        f"input {spec.name}: expected shape {_shape(spec.shape)}, got {tuple(arr.shape)}"
+    )
+    if arr.ndim != len(spec.shape):
+        raise wrong
+    for dim, size in zip(spec.shape, arr.shape):
+        if isinstance(dim, int) and dim != size:
+            raise wrong
+        if isinstance(dim, str) and bound.setdefault(dim, size) != size:
+            raise InputError(
+                f"input {spec.name}: symbolic dim {dim} is {size} here but {bound[dim]} in an "
+                "earlier input"
+            )
+
+
+def _check_range(spec: InputSpec, arr: np.ndarray) -> None:
+    rng = spec.index_range
+    low, high = arr.min(), arr.max()
+    if low >= rng.low and high <= rng.high:
+        return
+    bad = low if low < rng.low else high
+    where = tuple(int(i) for i in np.argwhere(arr == bad)[0])
+    raise InputError(
+        f"input {spec.name}: value {int(bad)} at {where} is out of range: the valid values "
+        f"are {rng.low}..{rng.high} ({rng.use})"
+    )
+
+
+def _shape(dims: tuple) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _last_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def _as_numpy(value: object) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensor
+        return value.detach().cpu().numpy()
+    if isinstance(value, tvm.runtime.Tensor):
+        return value.numpy()
+    return np.asarray(value)
+
+
+def _to_numpy(out: object) -> np.ndarray | tuple:
+    if isinstance(out, tvm.runtime.Tensor):
+        return out.numpy()
+    if isinstance(out, (list, tuple)) or hasattr(out, "__len__"):
+        return tuple(_to_numpy(o) for o in out)
+    if hasattr(out, "numpy"):
+        return out.numpy()
+    return np.asarray(out)

@@ -1,0 +1,162 @@
+"""Which model inputs index into a tensor, and the values they may take.
+
+TVM compiles ``take`` (embedding lookups, ONNX Gather) and the gather / scatter kernels without
+bounds checks: an out-of-range token id reads or writes memory next to the table (id 100000
+segfaults, id 1000 or -1 returns neighbouring numbers), where torch raises ``IndexError``. A
+compiled model checks such inputs before it runs: this module finds them.
+
+An input is an *index input* when a chain of value-preserving ops (cast, reshape, expand / squeeze
+dims, transpose, flatten, broadcast) takes it to the index operand of ``take``,
+``gather_elements`` or ``scatter_elements`` whose indexed axis has a static extent ``n``. Its
+valid values are ``[0, n - 1]``, or ``[-n, n - 1]`` when the chain passes through ONNX's
+negative-index normalisation (``where(i < 0, i + n, i)``). An input used in several places gets
+the intersection of their ranges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+
+from .frontend import num_inputs
+
+# ops that hand every value of their first operand on unchanged
+_VALUE_PRESERVING = frozenset(
+    "relax." + name
+    for name in (
+        "astype",
+        "reshape",
+        "expand_dims",
+        "squeeze",
+        "permute_dims",
+        "flatten",
+        "broadcast_to",
+    )
+)
+# op -> (position of the indexed tensor, position of the indices)
+_INDEXING = {
+    "relax.take": (0, 1),
+    "relax.gather_elements": (0, 1),
+    "relax.scatter_elements": (0, 1),
+}
+
+
+@dataclass(frozen=True)
+class IndexRange:
+    """The values an index input may take, and the use that limits them."""
+
+    low: int
+    high: int
+    use: str  # e.g. "indices of take along axis 0 of a (1000, 64) tensor"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"low": self.low, "high": self.high, "use": self.use}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> IndexRange:
+        return cls(int(data["low"]), int(data["high"]), str(data["use"]))
+
+
+def index_input_ranges(mod: tvm.IRModule, func: str = "main") -> dict[str, IndexRange]:
+    """The index inputs of ``func`` (by parameter name) and their valid ranges."""
+    fn = mod[func]
+    inputs = {p: p.name for p in fn.params[: num_inputs(mod, func)]}
+    values: dict[relax.Var, relax.Expr] = {}
+    uses: list[tuple[relax.Expr, relax.Expr, int | None, str]] = []
+    for block in fn.body.blocks if isinstance(fn.body, relax.SeqExpr) else ():
+        for binding in block.bindings:
+            if not isinstance(binding, relax.VarBinding):
+                continue
+            values[binding.var] = binding.value
+            call = binding.value
+            if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op):
+                slots = _INDEXING.get(call.op.name)
+                if slots is not None:
+                    axis = getattr(call.attrs, "axis", None)
+                    axis = None if axis is None else int(axis)
+                    uses.append((call.args[slots[0]], call.args[slots[1]], axis, call.op.name))
+    ranges: dict[str, IndexRange] = {}
+    for data, indices, axis, op in uses:
+        traced = _trace(indices, values, inputs)
+        if traced is None:
+            continue
+        name, negatives = traced
+        extent, shape = _extent(data, axis)
+        if extent is None or extent < 1:
+            continue
+        where = f"along axis {axis} " if axis is not None else ""
+        found = IndexRange(
+            -extent if negatives else 0,
+            extent - 1,
+            f"indices of {op.removeprefix('relax.')} {where}of a {shape} tensor",
+        )
+        old = ranges.get(name)
+        if old is not None:
+            found = IndexRange(max(old.low, found.low), min(old.high, found.high), old.use)
+        ranges[name] = found
+    return ranges
+
+
+def _trace(expr: relax.Expr, values: dict, inputs: dict) -> tuple[str, bool] | None:
+    """The model input ``expr`` carries unchanged, and whether negatives are normalised."""
+    negatives = False
+    for _ in range(64):  # chains are short; the bound only guards against cycles
+        if expr in inputs:
+            return inputs[expr], negatives
+        value = values.get(expr)
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return None
+        if value.op.name in _VALUE_PRESERVING:
+            if not _integer(value.args[0]):
+                return None
+            expr = value.args[0]
+        elif value.op.name == "relax.where" and _normalises_negatives(value, values):
+            negatives = True
+            expr = value.args[2]
+        else:
+            return None
+    return None
+
+
+def _normalises_negatives(where: relax.Call, values: dict) -> bool:
+    """``where(less(i, 0), add(i, n), i)``: ONNX's Gather maps ``-n..-1`` to ``0..n-1``."""
+    cond = values.get(where.args[0], where.args[0])
+    shifted = values.get(where.args[1], where.args[1])
+    index = where.args[2]
+    return (
+        isinstance(cond, relax.Call)
+        and getattr(cond.op, "name", "") == "relax.less"
+        and cond.args[0].same_as(index)
+        and isinstance(shifted, relax.Call)
+        and getattr(shifted.op, "name", "") == "relax.add"
+        and shifted.args[0].same_as(index)
+    )
+
+
+def _integer(expr: relax.Expr) -> bool:
+    ty = expr.ty
+    return isinstance(ty, relax.TensorType) and str(ty.dtype).startswith(("int", "uint"))
+
+
+def _extent(data: relax.Expr, axis: int | None) -> tuple[int | None, tuple]:
+    """The static extent of the indexed axis (all elements when ``axis`` is None)."""
+    ty = data.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None, ()
+    dims = list(ty.shape.values)
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        static = axis is not None and -len(dims) <= axis < len(dims)
+        if not (static and isinstance(dims[axis], tvm.tirx.IntImm)):
+            return None, ()
+        return int(dims[axis]), tuple(str(d) for d in dims)
+    shape = tuple(int(d) for d in dims)
+    if axis is None:
+        total = 1
+        for d in shape:
+            total *= d
+        return total, shape
+    if not -len(shape) <= axis < len(shape):
+        return None, shape
+    return shape[axis], shape

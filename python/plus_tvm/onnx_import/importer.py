@@ -1,0 +1,182 @@
+"""plus_tvm's ONNX importer: TVM's graph importer with fixes, never a patched TVM.
+
+:class:`PlusONNXImporter` subclasses TVM 0.27's ``ONNXGraphImporter`` and changes four things:
+
+- **converters first from plus_tvm** (:data:`plus_tvm.onnx_import.converters.CONVERTERS`): ops
+  TVM has no converter for, and ONNX forms TVM's converters get wrong, one file per op;
+- **shape values where tensors are expected**: TVM keeps ``Shape`` results as ``ShapeExpr`` and
+  refuses them as inputs of any op outside a short list ("cannot handle ShapeExpr inputs"); a
+  node outside that list gets them as int64 tensors (``shape_to_tensor``), which every
+  converter takes. This is what function-expanded ops (LayerNormalization, Attention, ...) need;
+- **shape-like initializers are constants**: with weights kept as inputs, TVM turns *every*
+  initializer into a parameter, so a Reshape, Slice or Reduce whose shape, axes or pads come
+  from an initializer fails ("Only constant axes"); integer and boolean initializers and float
+  scalars become constants, weights stay parameters;
+- **errors name the node**: a converter failure becomes an
+  :class:`~plus_tvm.errors.UnsupportedOperatorError` naming the node's index, name and op type
+  and the converter's reason; what TVM prints while converting is kept out of the user's
+  stdout and added to the message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
+
+from ..errors import PlusError, UnsupportedOperatorError
+from .converters import CONVERTERS
+
+# Ops whose TVM converters take ``ShapeExpr`` inputs (TVM's own list in ``_construct_nodes``;
+# kept as data here because a node of any other op gets shape values as tensors).
+SHAPE_OPS = frozenset(
+    (
+        "Reshape",
+        "Resize",
+        "ConstantOfShape",
+        "Gather",
+        "Slice",
+        "Shape",
+        "Expand",
+        "Concat",
+        "Equal",
+        "Where",
+        "Cast",
+        "CastLike",
+        "Squeeze",
+    )
+)
+DIRECT_OPS = frozenset(("If", "Constant"))  # handled by the importer itself / a converter
+
+
+def supported_ops() -> set[str]:
+    """Every ONNX op type the importer converts (TVM's converters and plus_tvm's)."""
+    return set(_get_convert_map()) | set(CONVERTERS) | DIRECT_OPS
+
+
+@dataclass(frozen=True)
+class _OneNode:
+    """A graph view holding one node: TVM's node loop runs on it, one node at a time."""
+
+    node: tuple
+
+
+class PlusONNXImporter(ONNXGraphImporter):
+    """TVM's ONNX graph importer with plus_tvm's converters and fixes (module docstring)."""
+
+    def __init__(self, *args, where: str = "model", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.where = where
+
+    # ------------------------------------------------------------------ initializers
+    def _parse_graph_initializers(self, graph) -> None:
+        super()._parse_graph_initializers(graph)
+        if not self._keep_params_in_input:
+            return
+        for init in graph.initializer:
+            var_name = init.name.removeprefix("onnx::")
+            entry = self._params.get(var_name)
+            if entry is None:
+                continue
+            array = entry[1]
+            if _shape_like(array):
+                self._nodes[init.name] = relax.const(array, array.dtype.name)
+                del self._params[var_name]
+
+    # ---------------------------------------------------------------------- op support
+    def _check_for_unsupported_ops(self, graph) -> None:
+        known = supported_ops()
+        for index, node in enumerate(graph.node):
+            if node.op_type not in known:
+                raise UnsupportedOperatorError(
+                    f"{self.where}: unsupported ONNX operator {_describe(node, index)}: neither "
+                    "TVM 0.27's ONNX importer nor plus_tvm has a converter for it"
+                )
+
+    def _convert_operator(self, op_name, inputs, attrs, opset):
+        converter = CONVERTERS.get(op_name)
+        if converter is None:
+            return super()._convert_operator(op_name, inputs, attrs, opset)
+        sym = converter.get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
+        if isinstance(sym, relax.Expr):
+            sym = self.bb.normalize(sym)
+        return sym
+
+    # ------------------------------------------------------------------------- nodes
+    def _construct_nodes(self, graph) -> None:
+        for index, node in enumerate(graph.node):
+            restore = self._shape_inputs_as_tensors(node)
+            printed = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(printed):
+                    super()._construct_nodes(_OneNode((node,)))
+            except PlusError:
+                raise
+            except Exception as err:  # any converter failure: say which node, op and why
+                raise UnsupportedOperatorError(
+                    f"{self.where}: cannot convert ONNX node {_describe(node, index)} "
+                    f"(opset {self.opset}): {_reason(err)}"
+                ) from err
+            finally:
+                for name, value in restore.items():
+                    self._nodes[name] = value
+
+    def _shape_inputs_as_tensors(self, node) -> dict[str, relax.Expr]:
+        """Give ``node`` its shape-valued inputs as int64 tensors unless its op takes shapes.
+
+        Returns the replaced entries, to restore after the node (other consumers of the same
+        value may take the shape form).
+        """
+        if node.op_type in SHAPE_OPS:
+            return {}
+        replaced = {}
+        for name in node.input:
+            value = self._nodes.get(name) if name else None
+            if isinstance(value, relax.Expr) and isinstance(value.ty, relax.ShapeType):
+                replaced[name] = value
+                self._nodes[name] = self.bb.normalize(relax.op.shape_to_tensor(value))
+        return replaced
+
+
+def _shape_like(array: np.ndarray) -> bool:
+    """Integer / boolean data (shapes, axes, pads, indices) or a float scalar (eps, bounds)."""
+    return array.dtype.kind in "biu" or array.size <= 1
+
+
+def _describe(node, index: int) -> str:
+    name = f"'{node.name}'" if node.name else "(unnamed)"
+    domain = f"{node.domain}." if node.domain not in ("", "ai.onnx") else ""
+    return f"#{index} {name} of type {domain}{node.op_type}"
+
+
+def _reason(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def import_model(
+    model,
+    shape_dict: dict | None,
+    dtype_dict: dict,
+    keep_params_in_input: bool = True,
+    where: str = "model",
+) -> tvm.IRModule:
+    """Import ``model`` (an ``onnx.ModelProto``) to Relax with :class:`PlusONNXImporter`."""
+    if model.ir_version < 3:
+        raise UnsupportedOperatorError(
+            f"{where}: ONNX IR version {model.ir_version} is older than ONNX 1.1, not supported"
+        )
+    opset = next(
+        (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+        1,
+    )
+    importer = PlusONNXImporter(
+        shape_dict, dtype_dict, keep_params_in_input=keep_params_in_input, where=where
+    )
+    return importer.from_onnx(model.graph, opset)
