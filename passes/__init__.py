@@ -9,6 +9,7 @@ from .plus_dispatch import PlusDispatch
 from .propagate_nan import PropagateNaN
 from .rewrite_cuda_graph import RewriteCUDAGraph
 from .simplify_views import SimplifyViews
+from .wrap_take_indices import WrapTakeIndices
 
 __all__ = [
     "AnnotateMapPattern",
@@ -20,4 +21,5 @@ __all__ = [
     "PropagateNaN",
     "RewriteCUDAGraph",
     "SimplifyViews",
+    "WrapTakeIndices",
 ]

@@ -3,15 +3,27 @@
 TVM's ``dlight.ApplyDefaultSchedule`` writes the scheduled functions back into the module it was
 given; this pass builds a new module instead, so the pipeline never mutates its input (checked by
 ``testing.immutable_module`` in the tests). Rules are tried in order and the first one that
-returns a schedule wins (the dlight / tinygrad rule contract); a rule returning ``None`` -- or
-failing on a kernel it was not written for -- declines.
+returns a schedule wins (the dlight / tinygrad rule contract); a rule returning ``None``
+declines, and so does a rule whose schedule TVM refuses (a ``TVMError``, e.g. a dlight rule
+asserting on a kernel shape it was not written for). Any other exception is a bug in the rule:
+it is *reported* (module attribute ``plus.schedule``, shown in the stats as ``schedule``, and a
+warning) and the next rule tries, so a crashing rule never hides as "does not apply". Ctrl-C is
+never swallowed (:mod:`plus_tvm.interrupt`).
 """
 
 from __future__ import annotations
 
+import json
+import warnings
+from collections import Counter
+
 import tvm
+from plus_tvm import interrupt
+from plus_tvm.errors import TVM_REFUSAL
 from tvm import tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
+
+REPORT_ATTR = "plus.schedule"
 
 
 @tvm.transform.module_pass(opt_level=0, name="ApplyScheduleRules")
@@ -28,33 +40,92 @@ class ApplyScheduleRules:
         self.rules = list(rules)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        if not self.rules:
+            return mod
         target = tvm.target.Target.current(allow_none=True)
         functions = {}
         changed = False
+        report = _Report()
         for gvar, func in mod.functions_items():
             if isinstance(func, tirx.PrimFunc) and self.rules and not _is_scheduled(func):
-                scheduled = self._schedule(func, _func_target(func, target))
+                scheduled = self._schedule(gvar.name_hint, func, _func_target(func, target), report)
                 if scheduled is not None:
                     func = scheduled
                     changed = True
             functions[gvar] = func
-        if not changed:
-            return mod
-        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+        out = (
+            tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+            if changed
+            else mod
+        )
+        return out.with_attr(REPORT_ATTR, report.to_json())
 
-    def _schedule(self, func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
+    def _schedule(
+        self, name: str, func: tirx.PrimFunc, target: tvm.target.Target, report: _Report
+    ) -> tirx.PrimFunc | None:
         for rule in self.rules:
+            rule_name = type(rule).__name__
+            interrupt.check()
             try:
                 space = rule.apply(func, target, False)
-            except Exception:  # noqa: BLE001
-                # dlight rules assert on kernel shapes they were not written for (e.g. a
-                # matmul with a fused transpose prologue); such a rule declines, the next tries.
+            except TVM_REFUSAL:
+                # TVM refused a schedule primitive of the rule: it declines, the next one tries
+                interrupt.check()
+                report.declined[rule_name] += 1
+                continue
+            except AssertionError as err:
+                interrupt.check()
+                if _from_tvm(rule):  # dlight's rules assert on kernels they do not handle
+                    report.declined[rule_name] += 1
+                else:
+                    report.fail(name, rule_name, err)
+                continue
+            except Exception as err:  # a bug in the rule: reported, never silent
+                interrupt.check()
+                report.fail(name, rule_name, err)
                 continue
             if space is None:
                 continue
             sch = space[0] if isinstance(space, (list, tuple)) else space
+            report.scheduled[rule_name] += 1
             return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        report.unscheduled += 1
         return None
+
+
+class _Report:
+    """What the rules did: kernels scheduled per rule, TVM refusals, and rule failures."""
+
+    def __init__(self) -> None:
+        self.scheduled: Counter = Counter()
+        self.declined: Counter = Counter()
+        self.failed: list[dict[str, str]] = []
+        self.unscheduled = 0
+
+    def fail(self, kernel: str, rule: str, err: Exception) -> None:
+        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+        reason = f"{type(err).__name__}: {lines[-1].strip() if lines else ''}"[:300]
+        self.failed.append({"kernel": kernel, "rule": rule, "error": reason})
+        warnings.warn(
+            f"schedule rule {rule} failed on kernel {kernel} ({reason}); the next rule took it",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "scheduled": dict(self.scheduled),
+                "declined": dict(self.declined),
+                "failed": self.failed,
+                "unscheduled": self.unscheduled,
+            },
+            sort_keys=True,
+        )
+
+
+def _from_tvm(rule: ScheduleRule) -> bool:
+    return type(rule).__module__.startswith("tvm.")
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:

@@ -15,9 +15,8 @@ cross-thread reduction lowering must recognise the combiner.
 from __future__ import annotations
 
 import tvm
+from plus_tvm.tir_expr import map_stmt
 from tvm import s_tir, tirx
-
-from plus_tvm.tir_expr import map_expr, map_stmt
 
 
 @tvm.transform.module_pass(opt_level=0, name="PropagateNaN")

@@ -21,6 +21,8 @@ Whatever the rule declines goes to dlight's rules, which follow it in the pipeli
 from __future__ import annotations
 
 import tvm
+from plus_tvm import interrupt
+from plus_tvm.errors import TVM_REFUSAL
 from plus_tvm.gir.lowering import permuted_reads
 from plus_tvm.gir.search import Plan, plan_for_rule
 from tvm import s_tir, tirx
@@ -45,7 +47,8 @@ class GIRCUDA(ScheduleRule):
             return None
         try:
             return lower(p.func or func, p)
-        except Exception:  # noqa: BLE001 - a primitive refused: dlight's rules take it
+        except TVM_REFUSAL:  # a primitive refused: dlight's rules take it
+            interrupt.check()
             return None
 
 

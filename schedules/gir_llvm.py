@@ -23,6 +23,8 @@ does not plan, and tries a plainer lowering of the same plan before giving up.
 from __future__ import annotations
 
 import tvm
+from plus_tvm import interrupt
+from plus_tvm.errors import TVM_REFUSAL
 from plus_tvm.gir.analysis import tvm_structural_equal
 from plus_tvm.gir.lowering import permuted_reads, vectorizable_math
 from plus_tvm.gir.search import Plan, plan_for_rule
@@ -56,7 +58,8 @@ class GIRLLVM(ScheduleRule):
         for level in levels:
             try:
                 return lower(p.func or func, p, level, self.fast_math)
-            except Exception:  # noqa: BLE001 - a primitive refused: try a plainer lowering
+            except TVM_REFUSAL:  # a primitive refused: try a plainer lowering
+                interrupt.check()
                 continue
         return None
 

@@ -12,7 +12,7 @@ from plus_tvm.passes import AnnotateMapPattern, DPFuseOps
 from plus_tvm.stats import kernel_stats
 from plus_tvm.target import host_target
 from tvm import relax, tirx
-from tvm.script import tirx as T
+from tvm.script import tirx as T  # noqa: N812
 
 TARGET = host_target()
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -276,13 +277,18 @@ def test_apply_schedule_rules_schedules_a_copy(deep_copy):
 def test_apply_schedule_rules_first_match_wins_and_declines():
     mod = _legalized(AddReluMul)
     with CUDA:
-        # Reduction declines an elementwise kernel: nothing is scheduled, module returned as is.
+        # Reduction declines an elementwise kernel: nothing is scheduled, the functions are
+        # returned as they are, and the report says so.
         declined = ApplyScheduleRules(dl.gpu.Reduction())(mod)
-        tvm.ir.assert_structural_equal(declined, mod)
+        for gvar, func in mod.functions_items():
+            tvm.ir.assert_structural_equal(declined[gvar.name_hint], func)
+        report = json.loads(str(declined.attrs["plus.schedule"]))
+        assert report == {"declined": {}, "failed": [], "scheduled": {}, "unscheduled": 1}
         scheduled = ApplyScheduleRules(dl.gpu.Reduction(), dl.gpu.Fallback())(mod)
         # Already scheduled functions are left alone on a second run.
         again = ApplyScheduleRules(dl.gpu.Fallback())(scheduled)
-    tvm.ir.assert_structural_equal(again, scheduled)
+    for gvar, func in scheduled.functions_items():
+        tvm.ir.assert_structural_equal(again[gvar.name_hint], func)
     (func,) = _prim_funcs(scheduled).values()
     assert func.attrs["tirx.is_scheduled"]
     assert "threadIdx" in func.script()

@@ -61,6 +61,11 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[-1] if text else ''}"[:300]
 
 
+def _check_count(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise PlusError(f"{name} must be an integer of at least {least}, got {value!r}")
+
+
 class Bench:
     """Sets the backends up, times them interleaved, and summarises.
 
@@ -110,8 +115,12 @@ class Bench:
         self.model = model
         self.target = target
         self.options = options or Options()
-        self.runs = max(1, int(runs))
-        self.warmup = max(0, int(warmup))
+        _check_count("runs", runs, 1)
+        _check_count("warmup", warmup, 0)
+        if not isinstance(budget_s, (int, float)) or not 0 < budget_s < float("inf"):
+            raise PlusError(f"budget must be a positive number of seconds, got {budget_s!r}")
+        self.runs = int(runs)
+        self.warmup = int(warmup)
         self.budget_s = float(budget_s)
         self.progress = progress
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -257,9 +266,10 @@ class Bench:
         backends = self._setup()
         total = len(backends) * (self.warmup + self.runs)
         bar = _progress(total, self.progress)
-        for _ in range(self.warmup):
+        for i in range(self.warmup):
             for b in backends:
-                if b.active and b.spent_s < self.budget_s:
+                # the first warm-up run always happens: a timed cold run is not a latency
+                if b.active and (i == 0 or b.spent_s < self.budget_s):
                     self._once(b, timed=False)
                 bar.update(1)
         for _ in range(self.runs):

@@ -5,8 +5,10 @@
 ``path.onnx``, ``zoo:NAME`` or ``python:MODULE:ATTR`` (``run`` also takes a library written by
 ``compile``).
 Every command takes ``--target`` (a name or a JSON dict) and ``--opt KEY=VALUE`` for any
-``Options`` field. Bad input ends with one clear line and exit code 2; ``--debug`` shows the
-traceback.
+``Options`` field. Exit codes: 0 success, 2 bad input (one clear line; ``--debug`` shows the
+traceback), 3 ``run``'s check against the reference failed, 130 interrupted (Ctrl-C), 1 an
+internal error (a bug: please report it). TVM's warnings and Python's FutureWarnings are only
+shown with ``--verbose``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Sequence
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
+EXIT_CHECK_FAILED = 3
+EXIT_INTERRUPTED = 130
 
 
 def _common(p: argparse.ArgumentParser, pipeline: bool = True) -> None:
@@ -41,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="plus-tvm", description="plus_tvm: TVM Relax with pluggable schedules"
     )
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show TVM's log warnings and Python warnings"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("compile", help="compile a model to a shared library")
@@ -59,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--output", help="write outputs to this .npz")
     p.add_argument("--no-check", action="store_true", help="skip the reference comparison")
+    p.add_argument(
+        "--rtol", type=float, default=1e-3, help="relative tolerance of the check (default 1e-3)"
+    )
+    p.add_argument(
+        "--atol", type=float, default=1e-3, help="absolute tolerance of the check (default 1e-3)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("inspect", help="fusion and dispatch statistics without code generation")
@@ -117,9 +130,21 @@ def _options(pairs: Sequence[str]):
     return Options.from_pairs(pairs)
 
 
+def _writable_output(path: str) -> None:
+    """Fail before compiling when ``path`` cannot be written."""
+    from .errors import OutputWriteError
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise OutputWriteError(f"cannot write {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise OutputWriteError(f"cannot write {path}: permission denied")
+
+
 def _cmd_compile(args: argparse.Namespace) -> int:
     import plus_tvm
 
+    _writable_output(args.output)
     cm = plus_tvm.compile(
         args.model, args.target, options=_options(args.opt), pipeline=args.pipeline
     )
@@ -190,18 +215,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
             for o in outs
         ],
     }
+    check = None
     if not args.no_check and source is not None:
         ref_name, ref = _reference(source, inputs)
         if ref is not None:
             refs = ref if isinstance(ref, tuple) else (ref,)
-            err = max(
-                float(np.max(np.abs(o.astype(np.float64) - r.astype(np.float64))))
-                for o, r in zip(outs, refs)
-            )
+            check = compare_outputs(outs, refs, args.rtol, args.atol)
             result["reference"] = ref_name
-            result["max_abs_err"] = err
+            result.update(check)
     if args.output:
-        np.savez(args.output, **{f"output{i}": o for i, o in enumerate(outs)})
+        _write(args.output, lambda f: np.savez(f, **{f"output{i}": o for i, o in enumerate(outs)}))
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -210,9 +233,65 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 f"output{i}: shape {tuple(o['shape'])} {o['dtype']} mean {o['mean']:.4g} "
                 f"std {o['std']:.4g}"
             )
-        if "max_abs_err" in result:
+        if check is not None:
             print(f"max abs error vs {result['reference']}: {result['max_abs_err']:.3e}")
+    if check is not None and not check["ok"]:
+        print(f"plus-tvm: check failed: {check['why']}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
     return 0
+
+
+def compare_outputs(outs: Sequence, refs: Sequence, rtol: float, atol: float) -> dict:
+    """Compare outputs with a reference as ``np.allclose`` would, NaN equal only to NaN.
+
+    Returns ``{"ok", "max_abs_err", "why"}``; ``max_abs_err`` is over positions where both are
+    numbers, and NaN (or an infinity) where the two disagree on being NaN / infinite.
+    """
+    import numpy as np
+
+    if len(outs) != len(refs):
+        return {"ok": False, "max_abs_err": float("nan"), "why": f"{len(outs)} outputs, "
+                f"the reference has {len(refs)}"}
+    worst = 0.0
+    for k, (o, r) in enumerate(zip(outs, refs)):
+        o, r = np.asarray(o), np.asarray(r)
+        if o.shape != r.shape:
+            return {"ok": False, "max_abs_err": float("nan"),
+                    "why": f"output {k} has shape {o.shape}, the reference {r.shape}"}
+        o64, r64 = o.astype(np.float64), r.astype(np.float64)
+        nan_o, nan_r = np.isnan(o64), np.isnan(r64)
+        if np.any(nan_o != nan_r):
+            where = tuple(int(i) for i in np.argwhere(nan_o != nan_r)[0])
+            return {"ok": False, "max_abs_err": float("nan"),
+                    "why": f"output {k} at {where} is {o64[where]} where the reference is "
+                    f"{r64[where]} (NaN mismatch)"}
+        both = ~nan_o
+        if not np.array_equal(np.isinf(o64) & both, np.isinf(r64) & both) or not np.array_equal(
+            np.where(np.isinf(o64), o64, 0), np.where(np.isinf(r64), r64, 0)
+        ):
+            return {"ok": False, "max_abs_err": float("inf"),
+                    "why": f"output {k} differs from the reference in its infinities"}
+        finite = both & ~np.isinf(o64)
+        if np.any(finite):
+            diff = np.abs(o64[finite] - r64[finite])
+            worst = max(worst, float(diff.max()))
+            bad = diff > atol + rtol * np.abs(r64[finite])
+            if np.any(bad):
+                return {"ok": False, "max_abs_err": worst,
+                        "why": f"output {k}: {int(bad.sum())} of {diff.size} values differ by "
+                        f"more than atol {atol:g} + rtol {rtol:g} x |reference| "
+                        f"(max abs error {float(diff.max()):.3e})"}
+    return {"ok": True, "max_abs_err": worst, "why": ""}
+
+
+def _write(path: str, write) -> None:  # noqa: ANN001
+    """Call ``write(path)``; an unwritable path is a user error naming the path."""
+    from .errors import OutputWriteError
+
+    try:
+        write(path)
+    except OSError as err:
+        raise OutputWriteError(f"cannot write {path}: {err.strerror or err}") from None
 
 
 def _reference(source, inputs) -> tuple[str, object]:
@@ -275,11 +354,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     ).run()
     print(format_table(result))
     if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(result, f, indent=1)
+        _write(args.json_path, lambda p: _dump_json(result, p))
         print(f"wrote {args.json_path}")
     if args.plot:
-        plot(result, args.plot)
+        _write(args.plot, lambda p: plot(result, p))
         print(f"wrote {args.plot}")
     return 0
 
@@ -289,7 +367,8 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 
     if args.zoo_command == "export":
         entry = zoo.get(args.name)
-        path = zoo.export_onnx(entry, args.output, dynamic_batch=args.dynamic_batch)
+        path = args.output
+        _write(path, lambda p: zoo.export_onnx(entry, p, dynamic_batch=args.dynamic_batch))
         print(f"wrote {path} ({entry.name}, inputs {', '.join(entry.input_names())})")
         return 0
     entries = [zoo.get(n) for n in zoo.names()]
@@ -370,13 +449,21 @@ COMMANDS = {
 }
 
 
+def _dump_json(data: object, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``plus-tvm``; returns the exit code."""
+    from . import interrupt
     from .errors import PlusError
+    from .quiet import quiet
 
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        with interrupt.guard(), quiet(enabled=not (args.verbose or args.debug)):
+            return COMMANDS[args.command](args)
     except PlusError as err:
         if args.debug:
             raise
@@ -384,7 +471,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("plus-tvm: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except MemoryError as err:
+        if args.debug:
+            raise
+        print(f"plus-tvm: error: out of memory ({err or 'allocation failed'})", file=sys.stderr)
+        return EXIT_USER_ERROR
     except Exception as err:  # anything else is our bug: say so in one line
         if args.debug:
             raise

@@ -29,7 +29,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .errors import InputError, ModelLoadError, OutputWriteError, PlusError
+from .errors import TVM_REFUSAL, InputError, ModelLoadError, OutputWriteError, PlusError
 from .frontend import num_inputs
 from .index_inputs import IndexRange, index_input_ranges
 from .target import device_for, target_name
@@ -149,8 +149,9 @@ class CompiledModel:
         self._vm()  # fail clearly before touching a missing device
         try:
             return [tvm.runtime.tensor(a, self.device) for a in arrays]
-        except tvm.error.TVMError as err:
-            raise InputError(f"cannot place the inputs on {self.device}: {_last_line(err)}") from None
+        except TVM_REFUSAL as err:
+            where = f"cannot place the inputs on {self.device}"
+            raise InputError(f"{where}: {_last_line(err)}") from None
 
     def run_prepared(self, prepared: list) -> object:
         """Run on inputs from :meth:`prepare`; returns TVM tensors (synchronised)."""
@@ -309,7 +310,7 @@ def load(path: str) -> CompiledModel:
         inputs = [InputSpec.from_dict(d) for d in meta["inputs"]]
         num_params = int(meta["num_params"])
         target = tvm.target.Target(meta["target"])
-    except (KeyError, TypeError, ValueError, tvm.error.TVMError) as err:
+    except (KeyError, TypeError, *TVM_REFUSAL) as err:
         raise ModelLoadError(f"{path}.json is incomplete or malformed: {err!r}") from None
     if _sha256_file(path) != digests.get("library"):
         raise ModelLoadError(
@@ -326,11 +327,11 @@ def load(path: str) -> CompiledModel:
     try:
         table = tvm.runtime.load_param_dict(blob)
         params = [table[f"p{i}"] for i in range(num_params)]
-    except (tvm.error.TVMError, KeyError) as err:
+    except (KeyError, *TVM_REFUSAL) as err:
         raise ModelLoadError(f"{path}.params cannot be read: {_last_line(err)}") from None
     try:
         executable = tvm.runtime.load_module(path)
-    except tvm.error.TVMError as err:
+    except TVM_REFUSAL as err:
         raise ModelLoadError(f"{path} is not a loadable library: {_last_line(err)}") from None
     return CompiledModel(executable, target, params, inputs, meta.get("stats", {}))
 

@@ -8,12 +8,14 @@ same point, so both report comparable numbers.
 
 from __future__ import annotations
 
+import os
 import time
 
 import tvm
 
+from . import interrupt
 from .compiled_model import CompiledModel, InputSpec, WeightSource, input_specs, load
-from .errors import ModelLoadError, PlusError
+from .errors import ModelLoadError, OutputWriteError, PlusError
 from .frontend import num_inputs
 from .loader import LoadedModel, load_model
 from .options import Options
@@ -70,6 +72,7 @@ def _pre_lowering(
         **({"dispatch": recorder.dispatch} if recorder.dispatch is not None else {}),
         "groups": recorder.groups,
         **({"fusion_explain": recorder.explain} if recorder.explain is not None else {}),
+        **({"schedule": recorder.schedule} if recorder.schedule is not None else {}),
         "kernel_names": kstats["kernel_names"],
         "options": options.to_dict(),
         "compile_s": time.perf_counter() - start,
@@ -115,9 +118,10 @@ def inspect(
     Returns the stats dict of DESIGN.md section 3: ``model``, ``target``, ``pipeline``, ``ops``,
     ``kernels``, ``fusion_ratio``, ``library_calls``, ``patterns``, ``groups``, ``compile_s``.
     """
-    loaded = load_model(mod_or_model, example_args)
-    _, stats = _pre_lowering(loaded, resolve_target(target), options or Options(), pipeline)
-    return stats
+    with interrupt.guard():
+        loaded = load_model(mod_or_model, example_args)
+        _, stats = _pre_lowering(loaded, resolve_target(target), options or Options(), pipeline)
+        return stats
 
 
 def compile(  # noqa: A001 - the public name of the contract
@@ -147,7 +151,15 @@ def compile(  # noqa: A001 - the public name of the contract
     -------
     CompiledModel
     """
-    options = options or Options()
+    with interrupt.guard():
+        return _compile(model, target, example_args, options or Options(), pipeline)
+
+
+def _compile(
+    model: object, target: object, example_args: object, options: Options, pipeline: str
+) -> CompiledModel:
+    if options.dump_ir:
+        _writable_folder(options.dump_ir, "dump_ir")
     tgt = resolve_target(target)
     loaded = load_model(model, example_args)
     weight_names = [p.name for p in loaded.mod["main"].params[num_inputs(loaded.mod) :]]
@@ -180,3 +192,11 @@ def compile(  # noqa: A001 - the public name of the contract
     )
 
 
+def _writable_folder(folder: str, what: str) -> None:
+    """Create ``folder`` if needed and check it can be written, before any work is done."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise OutputWriteError(f"{what}: cannot create folder {folder}: {err.strerror}") from None
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise OutputWriteError(f"{what}: folder {folder} is not writable")

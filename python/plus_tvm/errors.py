@@ -41,3 +41,10 @@ class InputError(PlusError, ValueError):
 
 class OutputWriteError(PlusError, OSError):
     """An output file or folder (``-o``, ``dump_ir``, ``--json``) cannot be written."""
+
+
+# What TVM raises when it refuses an IR, a target or a schedule primitive: ScheduleError and
+# InternalError are RuntimeErrors, and the FFI's ValueError kind. A KeyboardInterrupt that
+# crossed TVM's C++ arrives as a RuntimeError too: code catching these calls
+# ``plus_tvm.interrupt.check()`` first.
+TVM_REFUSAL = (RuntimeError, ValueError)

@@ -103,7 +103,8 @@ def _load_torch(module: object, example_args: object, name: str, source: str) ->
         example_args = (example_args,)
     program = export_torch(module, example_args)
     mod, params = import_exported(program)
-    kept, baked = torch_weight_tensors(program, [p.name for p in mod["main"].params[num_inputs(mod) :]])
+    weights = [p.name for p in mod["main"].params[num_inputs(mod) :]]
+    kept, baked = torch_weight_tensors(program, weights)
     torch_module = module if isinstance(module, torch.nn.Module) else module.module()
     return LoadedModel(
         name,
@@ -163,18 +164,46 @@ def _load_python(ref: str) -> tuple[object, tuple | None]:
 
 
 def random_inputs(specs: list, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """Random inputs for input specs whose shapes are static (ints in [0, 16) for int dtypes)."""
+    """Random inputs for input specs whose shapes are static.
+
+    Integer inputs that index a table take values in its valid range, other integers
+    ``[0, 16)``. An input larger than this machine's memory is refused before allocating.
+    """
     rng = np.random.default_rng(seed)
     out = []
     for spec in specs:
-        if any(isinstance(d, str) for d in spec.shape):
+        if spec.shape is None or any(not isinstance(d, int) for d in spec.shape):
             raise ModelLoadError(
-                f"input {spec.name} has symbolic shape {spec.shape}: give inputs explicitly"
+                f"input {spec.name} has shape {spec.shape} (symbolic or unknown dims): "
+                "give inputs explicitly (--inputs)"
             )
-        if np.issubdtype(np.dtype(spec.dtype), np.integer):
+        _check_fits(spec)
+        rng_spec = getattr(spec, "index_range", None)
+        if rng_spec is not None:
+            low, high = max(rng_spec.low, 0), rng_spec.high
+            out.append(rng.integers(low, high + 1, size=spec.shape).astype(spec.dtype))
+        elif np.issubdtype(np.dtype(spec.dtype), np.integer):
             out.append(rng.integers(0, 16, size=spec.shape).astype(spec.dtype))
         elif spec.dtype == "bool":
             out.append(rng.integers(0, 2, size=spec.shape).astype(bool))
         else:
             out.append(rng.standard_normal(spec.shape).astype(spec.dtype))
     return tuple(out)
+
+
+def _check_fits(spec: object) -> None:
+    """Refuse an input whose size exceeds the machine's memory (before numpy tries)."""
+    count = 1
+    for d in spec.shape:
+        count *= d
+    need = count * np.dtype(spec.dtype).itemsize
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > total:
+        raise ModelLoadError(
+            f"input {spec.name} of shape {tuple(spec.shape)} ({spec.dtype}) needs "
+            f"{need / 2**30:.1f} GiB, more than this machine's {total / 2**30:.1f} GiB: "
+            "give smaller inputs (--inputs)"
+        )

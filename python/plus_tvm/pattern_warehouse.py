@@ -100,6 +100,7 @@ _CMP_OPS = {
     ast.Gt: lambda a, b: a > b,
     ast.GtE: lambda a, b: a >= b,
 }
+MAX_WHEN_CHARS = 2000  # a size condition is a handful of comparisons
 _WHEN_HELP = "allowed: size names, integers, + - * // %, comparisons, and/or/not, parentheses"
 
 
@@ -118,12 +119,18 @@ def check_when(text: str, size_names: Collection[str]) -> None:
     literals, ``+ - * // %``, comparisons, ``and``/``or``/``not`` and parentheses; the whole
     condition must be a boolean (a comparison or a logical combination of them).
     """
+    if len(text) > MAX_WHEN_CHARS:
+        raise ValueError(
+            f"when condition is {len(text)} characters long; at most {MAX_WHEN_CHARS} are allowed"
+        )
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as err:
         raise ValueError(
             f"when = {text!r} is not a valid condition: {err.msg} at column {err.offset}"
         ) from None
+    except (RecursionError, MemoryError):
+        raise ValueError("when condition is nested too deeply to parse") from None
     src = text.strip()
 
     def kind(node: ast.AST) -> str:  # "int" or "bool"
@@ -165,7 +172,11 @@ def check_when(text: str, size_names: Collection[str]) -> None:
             raise ValueError(f"function call {_segment(src, node)!r} is not allowed in when")
         raise ValueError(f"{_segment(src, node)!r} is not allowed in when ({_WHEN_HELP})")
 
-    if kind(tree.body) != "bool":
+    try:
+        top = kind(tree.body)
+    except RecursionError:
+        raise ValueError("when condition is nested too deeply") from None
+    if top != "bool":
         raise ValueError(f"when = {text!r} must be a condition (e.g. a comparison), not a number")
 
 

@@ -7,7 +7,8 @@ instruments (IR dumps, timing) see phase boundaries.
 
 Phase contents today (later work replaces phases one by one, and says so here):
 
-1. dispatch  - ``GlobalPoolToMean``, ``SimplifyViews``, ``FoldPadIntoConv``; ``PlusDispatch``
+1. dispatch  - ``WrapTakeIndices`` (no gather reads outside its table), ``GlobalPoolToMean``,
+               ``SimplifyViews``, ``FoldPadIntoConv``; ``PlusDispatch``
                (PluS +Graph matching, warehouse library calls) when
                ``dispatch`` is on; TVM's library dispatch for the target (sort/scan)
 2. legalize  - ``LegalizeOps``, ``AnnotateTIROpPattern``, ``AnnotateMapPattern`` (mapping
@@ -44,19 +45,29 @@ def _is_gpu(target: tvm.target.Target) -> bool:
 def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     """Phase 1: +Graph identification and warehouse library calls (``dispatch``), then TVM's
     own library dispatch for the target."""
-    from .passes import FoldPadIntoConv, GlobalPoolToMean, SimplifyViews
+    from .passes import FoldPadIntoConv, GlobalPoolToMean, SimplifyViews, WrapTakeIndices
 
     # identity views, zero pads and pads a convolution can do itself out of the way first:
     # each would be a kernel of its own
-    passes: list[tvm.transform.Pass] = [GlobalPoolToMean(), SimplifyViews(), FoldPadIntoConv()]
+    passes: list[tvm.transform.Pass] = [
+        WrapTakeIndices(),  # gathers never read outside their table
+        GlobalPoolToMean(),
+        SimplifyViews(),
+        FoldPadIntoConv(),
+    ]
     if options.dispatch:
         from .costmodel import DispatchCost
         from .passes import PlusDispatch
+        from .pattern_warehouse import load_warehouse
 
         # with GIR schedules the TIR side of memory-bound subgraphs runs near copy bandwidth
         cost = DispatchCost(tir_gbps=8.0 if options.gir_enabled(target) else 1.0)
         cost = cost if options.dispatch_cost_model else None
-        passes += [PlusDispatch(extra_dirs=options.warehouse, cost=cost), SimplifyViews()]
+        # loaded here, not inside the pass: an error in a user's entry then reaches the caller
+        # as the WarehouseError naming the file and line (TVM's pass manager would turn it
+        # into a bare RuntimeError)
+        warehouse = load_warehouse(options.warehouse)
+        passes += [PlusDispatch(warehouse=warehouse, cost=cost), SimplifyViews()]
     return passes + list(relax.pipeline.library_dispatch_passes(target))
 
 

@@ -139,8 +139,12 @@ class FusionRecorder:
         self.groups: list[dict[str, object]] = []
         self.explain: list[str] | None = None
         self.dispatch: dict[str, object] | None = None
+        self.schedule: dict[str, object] | None = None
 
     def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+        if info.name == "ApplyScheduleRules":
+            report = mod.attrs.get("plus.schedule") if mod.attrs is not None else None
+            self.schedule = json.loads(str(report)) if report is not None else None
         if info.name == "PlusDispatch":
             report = mod.attrs.get("plus.dispatch") if mod.attrs is not None else None
             self.dispatch = json.loads(str(report)) if report is not None else None

@@ -3,7 +3,8 @@
 TVM 0.27 has no Python ``StmtExprMutator``; this covers what block bodies hold after
 legalization and scheduling: arithmetic and comparison nodes, ``Select``, ``Cast``, ``Let``,
 calls, loads, and the statements ``BufferStore``, ``SeqStmt``, ``IfThenElse``, ``For``,
-``LetStmt`` (a binding, without body in 0.27) and ``Evaluate``. Nested blocks are left alone (each block is rewritten on its own).
+``LetStmt`` (a binding, without body in 0.27) and ``Evaluate``. Nested blocks are left alone
+(each block is rewritten on its own).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""ONNX conformance: ONNX's own node tests through the plus pipeline and TVM's (``scripts/conformance``).
+"""ONNX conformance: ONNX's node tests through the plus pipeline and TVM's (scripts/conformance).
 
 ``python -m plus_tvm.conformance [--subset ci|all] [--json F]`` generates the tests once into
 the cache (:mod:`.cases`), runs each under both pipelines in worker processes (:mod:`.runner`),

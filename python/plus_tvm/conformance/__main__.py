@@ -25,10 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="pattern", help="only tests whose name matches this glob")
     parser.add_argument("--pipelines", default="plus,tvm", help="plus, tvm or plus,tvm")
     parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per test and pipeline")
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds per test and pipeline"
+    )
     parser.add_argument("--json", dest="json_path", help="write the full report here")
     parser.add_argument("--refresh", action="store_true", help="regenerate the cached tests")
-    parser.add_argument("--no-strict", action="store_true", help="exit 0 despite plus-only failures")
+    parser.add_argument(
+        "--no-strict", action="store_true", help="exit 0 despite plus-only failures"
+    )
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     pipelines = [p.strip() for p in args.pipelines.split(",") if p.strip()]

@@ -262,7 +262,9 @@ def summary(report: Report, top: int = 15) -> str:
                 lines.append(f"  {name}: {rec.get('stage')}: {rec.get('error', '')[:200]}")
     for p in report.pipelines:
         kinds = collections.Counter(
-            failure_kind(t[p]) for t in report.tests.values() if t.get(p, {}).get("status") != "pass"
+            failure_kind(t[p])
+            for t in report.tests.values()
+            if t.get(p, {}).get("status") != "pass"
         )
         if kinds:
             lines.append(f"most frequent {p} failures:")

@@ -111,7 +111,10 @@ def compare(expected: list[np.ndarray], got: list[np.ndarray], rtol: float, atol
                 raise AssertionError(f"output {k}: {bad} of {ref.size} values differ")
         else:
             np.testing.assert_allclose(
-                out.astype(np.float64), ref.astype(np.float64), rtol=rtol, atol=atol,
+                out.astype(np.float64),
+                ref.astype(np.float64),
+                rtol=rtol,
+                atol=atol,
                 err_msg=f"output {k}",
             )
 

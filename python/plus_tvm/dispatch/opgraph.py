@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from .. import interrupt
 from ..plusgraph import BasicOp, basic_ops
 
 
@@ -175,6 +176,7 @@ def _legalize_alone(call: relax.Call) -> tuple[tvm.tirx.PrimFunc, list[int]] | N
         with tvm.transform.PassContext(opt_level=3):
             legal = relax.transform.LegalizeOps()(bb.get())
     except Exception:  # noqa: BLE001 - an op TVM cannot legalize alone stays opaque
+        interrupt.check()  # (a Ctrl-C comes back from TVM as a RuntimeError)
         return None
     calls = []
     for binding_block in legal["main"].body.blocks:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir, tirx
 
+from ..errors import TVM_REFUSAL
 from ..mapping.tir_analysis import _loads, _stores, _vars, _walk_expr
 
 TRANSCENDENTAL = {
@@ -182,7 +183,7 @@ def normalize(func: tirx.PrimFunc) -> tirx.PrimFunc:
     try:
         sch = s_tir.Schedule(func)
         root = sch.get_sblock("root")
-    except Exception:  # noqa: BLE001
+    except TVM_REFUSAL:  # not a schedulable function: analysed as it is
         return func
     _inline_layout_prologues(sch, root, func)
     changed = True
@@ -202,7 +203,7 @@ def normalize(func: tirx.PrimFunc) -> tirx.PrimFunc:
                 sch.reverse_compute_inline(brv)
                 changed = True
                 break
-            except Exception:  # noqa: BLE001 - not invertible: the kernel stays as it is
+            except TVM_REFUSAL:  # not invertible: the kernel stays as it is
                 continue
     return sch.mod["main"]
 
@@ -229,7 +230,7 @@ def _inline_layout_prologues(sch: s_tir.Schedule, root: object, func: tirx.PrimF
             continue
         try:
             sch.compute_inline(brv)
-        except Exception:  # noqa: BLE001 - not inlinable: analysed as it is
+        except TVM_REFUSAL:  # not inlinable: analysed as it is
             continue
 
 
@@ -270,7 +271,7 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
         sch = s_tir.Schedule(func)
         root = sch.get_sblock("root")
         blocks = sch.get_child_blocks(root)
-    except Exception:  # noqa: BLE001 - opaque or unusual functions are simply not GIR kernels
+    except TVM_REFUSAL:  # opaque or unusual functions are simply not GIR kernels
         return None
     if not blocks:
         return None
