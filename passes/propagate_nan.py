@@ -15,8 +15,8 @@ cross-thread reduction lowering must recognise the combiner.
 from __future__ import annotations
 
 import tvm
-from plus_tvm.tir_expr import map_stmt
-from tvm import s_tir, tirx
+from plus_tvm.tir_expr import map_blocks
+from tvm import tirx
 
 
 @tvm.transform.module_pass(opt_level=0, name="PropagateNaN")
@@ -49,50 +49,37 @@ class PropagateNaN:
         """``func`` with NaN-propagating ``max`` / ``min``, or None when it has none."""
         if not _has_float_minmax(func):
             return None
-        sch = s_tir.Schedule(func)
-        changed = False
-        for sref in _block_srefs(sch):
-            block = sch.get(sref)
-            if self.keep_reductions and any(int(iv.iter_type) != 0 for iv in block.iter_vars):
-                continue
-            body = map_stmt(block.body, _nan_minmax)
-            init = map_stmt(block.init, _nan_minmax) if block.init is not None else None
-            if body.same_as(block.body) and (init is None or init.same_as(block.init)):
-                continue
-            new = s_tir.SBlock(
-                block.iter_vars,
-                block.reads,
-                block.writes,
-                block.name_hint,
-                body,
-                init,
-                block.alloc_buffers,
-                block.match_buffers,
-                block.annotations,
-            )
-            sch.state.replace(sref, new, {block: new})
-            changed = True
-        return sch.mod["main"] if changed else None
+        keep = _is_reduction if self.keep_reductions else None
+        body = map_blocks(func.body, _nan_minmax, keep)
+        return None if body.same_as(func.body) else func.with_body(body)
+
+
+def _is_reduction(block: object) -> bool:
+    return any(int(iv.iter_type) != 0 for iv in block.iter_vars)
 
 
 def _nan_minmax(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
     if not isinstance(e, (tirx.Max, tirx.Min)) or "float" not in str(e.ty):
         return None
-    a, b = e.a, e.b
-    return tirx.Select(tirx.isnan(a), a, tirx.Select(tirx.isnan(b), b, e))
-
-
-def _block_srefs(sch: s_tir.Schedule) -> list:
-    """Every block of the scheduled function, children before parents."""
-    out = []
-
-    def visit(block_rv) -> None:
-        for child in sch.get_child_blocks(block_rv):
-            visit(child)
-        out.append(sch.get_sref(block_rv))
-
-    visit(sch.get_sblock("root"))
+    # an operand that is more than a load or a constant is bound once (``Let``): it is used
+    # three times below, and it may hold ``Let`` bindings of its own that must stay unique
+    lets = []
+    operands = []
+    for k, operand in enumerate((e.a, e.b)):
+        if isinstance(operand, _PLAIN):
+            operands.append(operand)
+        else:
+            var = tirx.Var(f"nan_operand{k}", str(operand.ty))
+            lets.append((var, operand))
+            operands.append(var)
+    a, b = operands
+    out = tirx.Select(tirx.isnan(a), a, tirx.Select(tirx.isnan(b), b, type(e)(a, b)))
+    for var, value in reversed(lets):
+        out = tirx.Let(var, value, out)
     return out
+
+
+_PLAIN = (tirx.Var, tvm.ir.TensorLoad, tirx.FloatImm, tirx.IntImm, tirx.Broadcast)
 
 
 def _has_float_minmax(func: tirx.PrimFunc) -> bool:

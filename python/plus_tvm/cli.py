@@ -130,21 +130,13 @@ def _options(pairs: Sequence[str]):
     return Options.from_pairs(pairs)
 
 
-def _writable_output(path: str) -> None:
-    """Fail before compiling when ``path`` cannot be written."""
-    from .errors import OutputWriteError
-
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise OutputWriteError(f"cannot write {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise OutputWriteError(f"cannot write {path}: permission denied")
-
-
 def _cmd_compile(args: argparse.Namespace) -> int:
     import plus_tvm
 
-    _writable_output(args.output)
+    from .compiled_model import probe_writable
+
+    for name in (args.output, args.output + ".params", args.output + ".json"):
+        probe_writable(name)  # before compiling, not after
     cm = plus_tvm.compile(
         args.model, args.target, options=_options(args.opt), pipeline=args.pipeline
     )

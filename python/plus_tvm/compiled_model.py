@@ -243,11 +243,8 @@ class CompiledModel:
         other two files. :func:`load` reads them back and checks the digests.
         """
         path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise OutputWriteError(f"cannot write {path}: folder {folder} does not exist")
-        if not os.access(folder, os.W_OK):
-            raise OutputWriteError(f"cannot write {path}: folder {folder} is not writable")
+        for name in (path, path + ".params", path + ".json"):
+            probe_writable(name)
         with self._lock:
             weights = list(self._weights)
         params = {f"p{i}": tvm.runtime.tensor(_as_numpy(p)) for i, p in enumerate(weights)}
@@ -337,6 +334,25 @@ def load(path: str) -> CompiledModel:
 
 
 # ----------------------------------------------------------------------------------- helpers
+def probe_writable(path: str) -> None:
+    """Raise :class:`OutputWriteError` unless ``path`` can be created or overwritten.
+
+    Tries for real (permission bits do not stop root, and some file systems refuse files
+    whatever the bits say); a file the probe created is removed again.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise OutputWriteError(f"cannot write {path}: folder {folder} does not exist")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as err:
+        raise OutputWriteError(f"cannot write {path}: {err.strerror or err}") from None
+    if not existed:
+        os.remove(path)
+
+
 def _check_shape(spec: InputSpec, arr: np.ndarray, bound: dict[str, int]) -> None:
     wrong = InputError(
         f"input {spec.name}: expected shape {_shape(spec.shape)}, got {tuple(arr.shape)}"

@@ -9,6 +9,7 @@ same point, so both report comparable numbers.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 
 import tvm
@@ -118,9 +119,13 @@ def inspect(
     Returns the stats dict of DESIGN.md section 3: ``model``, ``target``, ``pipeline``, ``ops``,
     ``kernels``, ``fusion_ratio``, ``library_calls``, ``patterns``, ``groups``, ``compile_s``.
     """
+    options = options or Options()
     with interrupt.guard():
+        if options.dump_ir:
+            _writable_folder(options.dump_ir, "dump_ir")
         loaded = load_model(mod_or_model, example_args)
-        _, stats = _pre_lowering(loaded, resolve_target(target), options or Options(), pipeline)
+        dumper = _PhaseDumper(options.dump_ir) if options.dump_ir else None
+        _, stats = _pre_lowering(loaded, resolve_target(target), options, pipeline, dumper)
         return stats
 
 
@@ -198,5 +203,8 @@ def _writable_folder(folder: str, what: str) -> None:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
         raise OutputWriteError(f"{what}: cannot create folder {folder}: {err.strerror}") from None
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise OutputWriteError(f"{what}: folder {folder} is not writable")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise OutputWriteError(f"{what}: folder {folder} is not writable: {err.strerror}") from None

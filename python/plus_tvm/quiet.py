@@ -40,15 +40,21 @@ def _native_stderr_to_buffer() -> Iterator[None]:
         yield
         return
     old_stderr = sys.stderr
+    try:
+        on_fd2 = old_stderr.fileno() == 2
+    except (OSError, ValueError, AttributeError):  # captured (pytest, a notebook): not fd 2
+        on_fd2 = False
     with tempfile.TemporaryFile() as sink:
         os.dup2(sink.fileno(), 2)
-        sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1, closefd=True)
+        if on_fd2:  # Python's own messages keep the terminal
+            sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1, closefd=True)
         try:
             yield
         finally:
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.flush()
-                sys.stderr.close()
-            sys.stderr = old_stderr
+            if on_fd2:
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.flush()
+                    sys.stderr.close()
+                sys.stderr = old_stderr
             os.dup2(saved, 2)
             os.close(saved)

@@ -3,8 +3,9 @@
 TVM 0.27 has no Python ``StmtExprMutator``; this covers what block bodies hold after
 legalization and scheduling: arithmetic and comparison nodes, ``Select``, ``Cast``, ``Let``,
 calls, loads, and the statements ``BufferStore``, ``SeqStmt``, ``IfThenElse``, ``For``,
-``LetStmt`` (a binding, without body in 0.27) and ``Evaluate``. Nested blocks are left alone
-(each block is rewritten on its own).
+``LetStmt`` (a binding, without body in 0.27) and ``Evaluate``. :func:`map_stmt` leaves nested
+blocks alone; :func:`map_blocks` walks a whole PrimFunc body, blocks included (without
+``s_tir.Schedule``, whose verifier refuses some kernels that compile fine).
 """
 
 from __future__ import annotations
@@ -18,71 +19,139 @@ from tvm.ir.prim.expr import BinaryOpExpr
 Replace = Callable[[tvm.ir.Expr], "tvm.ir.Expr | None"]
 
 
-def map_expr(e: tvm.ir.Expr, replace: Replace) -> tvm.ir.Expr:
-    """``e`` with ``replace`` applied to every node after its operands (``None``: keep)."""
-    new = _rebuild(e, replace)
+def map_expr(e: tvm.ir.Expr, replace: Replace, memo: dict | None = None) -> tvm.ir.Expr:
+    """``e`` with ``replace`` applied to every node after its operands (``None``: keep).
+
+    A node shared by several parents (an expression tree is a DAG: GIR's fast ``exp`` binds
+    ``Let exp_x`` once and uses the node twice) maps to one shared result, so a ``Let`` is
+    never duplicated into two definitions of its variable.
+    """
+    memo = {} if memo is None else memo
+    key = e.__chandle__()
+    hit = memo.get(key)
+    if hit is not None:
+        return hit[1]
+    new = _rebuild(e, replace, memo)
     out = replace(new)
-    return new if out is None else out
+    out = new if out is None else out
+    memo[key] = (e, out)  # keeps ``e`` alive, so its address is not reused while mapping
+    return out
 
 
-def _rebuild(e: tvm.ir.Expr, replace: Replace) -> tvm.ir.Expr:
+def _rebuild(e: tvm.ir.Expr, replace: Replace, memo: dict) -> tvm.ir.Expr:
     if isinstance(e, BinaryOpExpr):
-        a, b = map_expr(e.a, replace), map_expr(e.b, replace)
+        a, b = map_expr(e.a, replace, memo), map_expr(e.b, replace, memo)
         return e if a.same_as(e.a) and b.same_as(e.b) else type(e)(a, b)
     if isinstance(e, tirx.Not):
-        a = map_expr(e.a, replace)
+        a = map_expr(e.a, replace, memo)
         return e if a.same_as(e.a) else tirx.Not(a)
     if isinstance(e, tirx.Select):
-        c = map_expr(e.condition, replace)
-        t = map_expr(e.true_value, replace)
-        f = map_expr(e.false_value, replace)
+        c = map_expr(e.condition, replace, memo)
+        t = map_expr(e.true_value, replace, memo)
+        f = map_expr(e.false_value, replace, memo)
         same = c.same_as(e.condition) and t.same_as(e.true_value) and f.same_as(e.false_value)
         return e if same else tirx.Select(c, t, f)
     if isinstance(e, tirx.Cast):
-        v = map_expr(e.value, replace)
+        v = map_expr(e.value, replace, memo)
         return e if v.same_as(e.value) else tirx.Cast(str(e.ty), v)
     if isinstance(e, tirx.Let):
-        v, b = map_expr(e.value, replace), map_expr(e.body, replace)
+        v, b = map_expr(e.value, replace, memo), map_expr(e.body, replace, memo)
         return e if v.same_as(e.value) and b.same_as(e.body) else tirx.Let(e.var, v, b)
     if isinstance(e, tvm.ir.Call) and isinstance(e.op, tvm.ir.Op):
-        args = [map_expr(a, replace) for a in e.args]
+        args = [map_expr(a, replace, memo) for a in e.args]
         if all(x.same_as(y) for x, y in zip(args, e.args)):
             return e
         return tvm.ir.Call(e.op, args, ret_ty=e.ty)
     if isinstance(e, tvm.ir.TensorLoad):
-        indices = [map_expr(i, replace) for i in e.indices]
+        indices = [map_expr(i, replace, memo) for i in e.indices]
         if all(x.same_as(y) for x, y in zip(indices, e.indices)):
             return e
         return tvm.ir.TensorLoad(e.source, indices)
     return e  # leaves: Var, IntImm, FloatImm, Ramp, Broadcast, StringImm
 
 
-def map_stmt(s: tirx.Stmt, replace: Replace) -> tirx.Stmt:
-    """``s`` with :func:`map_expr` applied to the values it stores, tests and evaluates."""
+def map_stmt(
+    s: tirx.Stmt,
+    replace: Replace,
+    memo: dict | None = None,
+    nested: Callable[[tirx.Stmt], tirx.Stmt] | None = None,
+) -> tirx.Stmt:
+    """``s`` with :func:`map_expr` applied to the values it stores, tests and evaluates.
+
+    Nested blocks (and statements this function does not know) go to ``nested`` when given,
+    else are left as they are.
+    """
+    memo = {} if memo is None else memo
     if isinstance(s, tirx.BufferStore):
-        value = map_expr(s.value, replace)
+        value = map_expr(s.value, replace, memo)
         return s if value.same_as(s.value) else tirx.BufferStore(s.buffer, value, s.indices)
     if isinstance(s, tirx.SeqStmt):
-        seq = [map_stmt(x, replace) for x in s.seq]
+        seq = [map_stmt(x, replace, memo, nested) for x in s.seq]
         return s if all(x.same_as(y) for x, y in zip(seq, s.seq)) else tirx.SeqStmt(seq)
     if isinstance(s, tirx.IfThenElse):
-        cond = map_expr(s.condition, replace)
-        then = map_stmt(s.then_case, replace)
-        other = map_stmt(s.else_case, replace) if s.else_case is not None else None
+        cond = map_expr(s.condition, replace, memo)
+        then = map_stmt(s.then_case, replace, memo, nested)
+        other = map_stmt(s.else_case, replace, memo, nested) if s.else_case is not None else None
         same = cond.same_as(s.condition) and then.same_as(s.then_case)
         same = same and (other is None or other.same_as(s.else_case))
         return s if same else tirx.IfThenElse(cond, then, other)
     if isinstance(s, tirx.For):
-        body = map_stmt(s.body, replace)
+        body = map_stmt(s.body, replace, memo, nested)
         if body.same_as(s.body):
             return s
         return tirx.For(
             s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, s.step
         )
     if isinstance(s, tirx.LetStmt):  # a binding statement in 0.27 (no body)
-        value = map_expr(s.value, replace)
+        value = map_expr(s.value, replace, memo)
         return s if value.same_as(s.value) else tirx.LetStmt(s.var, value)
     if isinstance(s, tirx.Evaluate):
-        value = map_expr(s.value, replace)
+        value = map_expr(s.value, replace, memo)
         return s if value.same_as(s.value) else tirx.Evaluate(value)
-    return s  # nested blocks, allocations, attributes: left as they are
+    if isinstance(s, tirx.AttrStmt):
+        body = map_stmt(s.body, replace, memo, nested)
+        return s if body.same_as(s.body) else tirx.AttrStmt(s.node, s.attr_key, s.value, body)
+    return nested(s) if nested is not None else s  # nested blocks and the rest
+
+
+BlockFilter = Callable[[object], bool]
+
+
+def map_blocks(s: tirx.Stmt, replace: Replace, keep: BlockFilter | None = None) -> tirx.Stmt:
+    """``s`` (a PrimFunc body) with :func:`map_expr` applied inside every block.
+
+    ``keep(block)`` true leaves that block's own body and init as they are (its nested blocks
+    are still visited).
+    """
+    from tvm import s_tir
+
+    memo: dict = {}
+
+    def visit(node: tirx.Stmt) -> tirx.Stmt:
+        if isinstance(node, s_tir.SBlockRealize):
+            block = visit(node.block)
+            return node if block.same_as(node.block) else s_tir.SBlockRealize(
+                node.iter_values, node.predicate, block
+            )
+        if isinstance(node, s_tir.SBlock):
+            skip = keep is not None and keep(node)
+            body = visit(node.body) if skip else map_stmt(node.body, replace, memo, visit)
+            init = node.init
+            if init is not None and not skip:
+                init = map_stmt(init, replace, memo, visit)
+            if body.same_as(node.body) and (init is None or init.same_as(node.init)):
+                return node
+            return s_tir.SBlock(
+                node.iter_vars,
+                node.reads,
+                node.writes,
+                node.name_hint,
+                body,
+                init,
+                node.alloc_buffers,
+                node.match_buffers,
+                node.annotations,
+            )
+        return map_stmt(node, lambda e: None, memo, visit)
+
+    return visit(s)
