@@ -35,6 +35,7 @@ from .index_inputs import IndexRange, index_input_ranges
 from .target import device_for, target_name
 
 FORMAT = "plus_tvm.compiled/2"
+_ANY_DTYPE = frozenset(("None", "void", ""))  # an input whose dtype the model leaves open
 _READABLE_FORMATS = (FORMAT,)
 
 
@@ -225,7 +226,7 @@ class CompiledModel:
                 arr = _as_numpy(value)
             except (TypeError, ValueError, RuntimeError) as err:
                 raise InputError(f"input {spec.name}: not an array ({err})") from None
-            if str(arr.dtype) != spec.dtype:
+            if spec.dtype not in _ANY_DTYPE and str(arr.dtype) != spec.dtype:
                 raise InputError(f"input {spec.name}: expected dtype {spec.dtype}, got {arr.dtype}")
             if spec.shape is not None:
                 _check_shape(spec, arr, bound)

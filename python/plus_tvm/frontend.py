@@ -205,7 +205,8 @@ def from_onnx(
     (tvm.IRModule, dict[str, numpy.ndarray])
     """
     import onnx
-    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
+
+    from .onnx_import import import_model
 
     model = load_onnx(path_or_proto)
     where = str(path_or_proto) if not isinstance(path_or_proto, onnx.ModelProto) else "model"
@@ -231,10 +232,10 @@ def from_onnx(
                 f"{where}: shape_dict names no input {sorted(unknown)}; inputs are {sorted(dtypes)}"
             )
     try:
-        mod = tvm_from_onnx(model, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=True)
+        mod = import_model(model, shapes, dtypes, keep_params_in_input=True, where=where)
     except PlusError:
         raise
-    except Exception as err:
+    except Exception as err:  # the importer outside any node (graph inputs, outputs)
         msg = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise UnsupportedOperatorError(f"{where}: TVM's ONNX importer failed: {msg}") from err
     return _detach(mod)
@@ -266,14 +267,15 @@ def load_onnx(path_or_proto: str | os.PathLike | onnx.ModelProto) -> onnx.ModelP
 
 
 def _check_onnx_ops(model: onnx.ModelProto, where: str) -> None:
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+    from .onnx_import import supported_ops
 
-    known = set(_get_convert_map()) | {"Constant", "If"}
-    for node in model.graph.node:
+    known = supported_ops()
+    for index, node in enumerate(model.graph.node):
         if node.op_type not in known:
             raise UnsupportedOperatorError(
-                f"{where}: unsupported ONNX operator {node.op_type} at node "
-                f"'{node.name or '(unnamed)'}': TVM 0.27's ONNX importer has no converter for it"
+                f"{where}: unsupported ONNX operator {node.op_type} at node #{index} "
+                f"'{node.name or '(unnamed)'}': neither TVM 0.27's ONNX importer nor plus_tvm "
+                "has a converter for it"
             )
 
 

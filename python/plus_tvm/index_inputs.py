@@ -9,7 +9,8 @@ An input is an *index input* when a chain of value-preserving ops (cast, reshape
 dims, transpose, flatten, broadcast) takes it to the index operand of ``take``,
 ``gather_elements`` or ``scatter_elements`` whose indexed axis has a static extent ``n``. Its
 valid values are ``[0, n - 1]``, or ``[-n, n - 1]`` when the chain passes through ONNX's
-negative-index normalisation (``where(i < 0, i + n, i)``). An input used in several places gets
+negative-index normalisation (``where(i < 0, i + n, i)``) or the kernel itself maps negative
+indices (``scatter_elements``). An input used in several places gets
 the intersection of their ranges.
 """
 
@@ -35,11 +36,12 @@ _VALUE_PRESERVING = frozenset(
         "broadcast_to",
     )
 )
-# op -> (position of the indexed tensor, position of the indices)
+# op -> (position of the indexed tensor, position of the indices, whether the kernel itself
+# maps -n..-1 to n-1..0: TVM's scatter_elements does, its take and gather_elements do not)
 _INDEXING = {
-    "relax.take": (0, 1),
-    "relax.gather_elements": (0, 1),
-    "relax.scatter_elements": (0, 1),
+    "relax.take": (0, 1, False),
+    "relax.gather_elements": (0, 1, False),
+    "relax.scatter_elements": (0, 1, True),
 }
 
 
@@ -76,13 +78,15 @@ def index_input_ranges(mod: tvm.IRModule, func: str = "main") -> dict[str, Index
                 if slots is not None:
                     axis = getattr(call.attrs, "axis", None)
                     axis = None if axis is None else int(axis)
-                    uses.append((call.args[slots[0]], call.args[slots[1]], axis, call.op.name))
+                    data, indices, wraps = call.args[slots[0]], call.args[slots[1]], slots[2]
+                    uses.append((data, indices, axis, call.op.name, wraps))
     ranges: dict[str, IndexRange] = {}
-    for data, indices, axis, op in uses:
+    for data, indices, axis, op, wraps in uses:
         traced = _trace(indices, values, inputs)
         if traced is None:
             continue
         name, negatives = traced
+        negatives = negatives or wraps
         extent, shape = _extent(data, axis)
         if extent is None or extent < 1:
             continue

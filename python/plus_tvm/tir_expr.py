@@ -66,7 +66,7 @@ def _rebuild(e: tvm.ir.Expr, replace: Replace, memo: dict) -> tvm.ir.Expr:
         indices = [map_expr(i, replace, memo) for i in e.indices]
         if all(x.same_as(y) for x, y in zip(indices, e.indices)):
             return e
-        return tvm.ir.TensorLoad(e.source, indices)
+        return tirx.BufferLoad(e.source, indices)
     return e  # leaves: Var, IntImm, FloatImm, Ramp, Broadcast, StringImm
 
 

@@ -175,14 +175,19 @@ def run(
 
     try:
         while done < total:
-            # give every idle slot the pipeline with the most work per busy worker
+            # an idle worker keeps its pipeline while that has work (a worker costs seconds to
+            # start); a new one, or one whose pipeline is done, takes the pipeline with the most
+            # work per busy worker
             for k, worker in enumerate(slots):
                 if worker is not None and worker.task:
                     continue
                 choices = [p for p in pipelines if pending[p]]
                 if not choices:
                     continue
-                pipe = max(choices, key=lambda p: len(pending[p]) / (1 + busy(p)))
+                if worker is not None and pending[worker.pipeline]:
+                    pipe = worker.pipeline
+                else:
+                    pipe = max(choices, key=lambda p: len(pending[p]) / (1 + busy(p)))
                 if worker is None or worker.pipeline != pipe:
                     if worker is not None:
                         worker.stop()
@@ -260,6 +265,15 @@ def summary(report: Report, top: int = 15) -> str:
             for name in bad:
                 rec = report.tests[name]["plus"]
                 lines.append(f"  {name}: {rec.get('stage')}: {rec.get('error', '')[:200]}")
+    timed = [
+        (t[p].get("seconds", 0.0), name, p)
+        for name, t in report.tests.items()
+        for p in report.pipelines
+        if p in t
+    ]
+    slow = sorted(timed, reverse=True)[:5]
+    if slow and slow[0][0] > 0:
+        lines.append("slowest: " + ", ".join(f"{n} ({p}) {s:.0f} s" for s, n, p in slow))
     for p in report.pipelines:
         kinds = collections.Counter(
             failure_kind(t[p])

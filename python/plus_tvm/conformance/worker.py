@@ -19,6 +19,7 @@ import os
 import pickle
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 
@@ -166,6 +167,7 @@ def main() -> int:
             sys.stdout.flush()
             saved = os.dup(1)
             os.dup2(captured.fileno(), 1)
+            start = time.perf_counter()
             try:
                 record = run_one(cases[request["name"]], request["pipeline"])
             finally:
@@ -176,7 +178,11 @@ def main() -> int:
             printed = captured.read()
         if printed.strip() and record["status"] != "pass":
             record["stdout"] = printed[-_KEEP_OUTPUT:]
-        record.update(name=request["name"], pipeline=request["pipeline"])
+        record.update(
+            name=request["name"],
+            pipeline=request["pipeline"],
+            seconds=round(time.perf_counter() - start, 2),
+        )
         results.write(json.dumps(record) + "\n")
     return 0
 

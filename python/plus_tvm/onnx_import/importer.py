@@ -1,6 +1,8 @@
 """plus_tvm's ONNX importer: TVM's graph importer with fixes, never a patched TVM.
 
-:class:`PlusONNXImporter` subclasses TVM 0.27's ``ONNXGraphImporter`` and changes four things:
+Before import, small constant computations (shape arithmetic) are folded into constants with
+ONNX's reference implementation (:mod:`.fold_constants`). :class:`PlusONNXImporter` subclasses
+TVM 0.27's ``ONNXGraphImporter`` and changes four things:
 
 - **converters first from plus_tvm** (:data:`plus_tvm.onnx_import.converters.CONVERTERS`): ops
   TVM has no converter for, and ONNX forms TVM's converters get wrong, one file per op;
@@ -31,6 +33,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_conver
 
 from ..errors import PlusError, UnsupportedOperatorError
 from .converters import CONVERTERS
+from .fold_constants import fold_constants
 
 # Ops whose TVM converters take ``ShapeExpr`` inputs (TVM's own list in ``_construct_nodes``;
 # kept as data here because a node of any other op gets shape values as tensors).
@@ -52,6 +55,7 @@ SHAPE_OPS = frozenset(
     )
 )
 DIRECT_OPS = frozenset(("If", "Constant"))  # handled by the importer itself / a converter
+ALL_OR_NOTHING = frozenset(("Concat",))  # take shape values only when every input is one
 
 
 def supported_ops() -> set[str]:
@@ -72,6 +76,7 @@ class PlusONNXImporter(ONNXGraphImporter):
     def __init__(self, *args, where: str = "model", **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.where = where
+        self._domain = ""  # of the node being converted
 
     # ------------------------------------------------------------------ initializers
     def _parse_graph_initializers(self, graph) -> None:
@@ -100,6 +105,8 @@ class PlusONNXImporter(ONNXGraphImporter):
 
     def _convert_operator(self, op_name, inputs, attrs, opset):
         converter = CONVERTERS.get(op_name)
+        if self._domain not in ("", "ai.onnx"):
+            converter = None  # plus_tvm's converters are for the standard ops (not contrib)
         if converter is None:
             return super()._convert_operator(op_name, inputs, attrs, opset)
         sym = converter.get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
@@ -111,6 +118,7 @@ class PlusONNXImporter(ONNXGraphImporter):
     def _construct_nodes(self, graph) -> None:
         for index, node in enumerate(graph.node):
             restore = self._shape_inputs_as_tensors(node)
+            self._domain = node.domain
             printed = io.StringIO()
             try:
                 with contextlib.redirect_stdout(printed):
@@ -132,15 +140,42 @@ class PlusONNXImporter(ONNXGraphImporter):
         Returns the replaced entries, to restore after the node (other consumers of the same
         value may take the shape form).
         """
-        if node.op_type in SHAPE_OPS:
+        values = {n: self._nodes.get(n) for n in node.input if n}
+        shaped = [n for n, v in values.items() if _is_shape(v)]
+        if not shaped:
             return {}
+        if node.op_type in SHAPE_OPS:
+            # Concat takes shapes or tensors, not a mix of the two
+            mixed = node.op_type in ALL_OR_NOTHING and len(shaped) < len(values)
+            if not mixed:
+                return {}
         replaced = {}
-        for name in node.input:
-            value = self._nodes.get(name) if name else None
-            if isinstance(value, relax.Expr) and isinstance(value.ty, relax.ShapeType):
-                replaced[name] = value
-                self._nodes[name] = self.bb.normalize(relax.op.shape_to_tensor(value))
+        for name in shaped:
+            replaced[name] = values[name]
+            self._nodes[name] = self._shape_tensor(values[name])
         return replaced
+
+    def _shape_tensor(self, shape: relax.Expr) -> relax.Expr:
+        """An int64 tensor of a shape value: a constant when every dim is static, so the
+        converters that fold constant inputs (Pad, Slice, Range, ...) still can."""
+        dims = _static_dims(shape)
+        if dims is not None:
+            return relax.const(np.asarray(dims, dtype="int64"), "int64")
+        return self.bb.normalize(relax.op.shape_to_tensor(shape))
+
+
+def _is_shape(value: object) -> bool:
+    return isinstance(value, relax.Expr) and isinstance(value.ty, relax.ShapeType)
+
+
+def _static_dims(shape: relax.Expr) -> list[int] | None:
+    if isinstance(shape, relax.ShapeExpr):
+        values = shape.values
+    else:
+        values = getattr(shape.ty, "values", None)
+    if values is None or not all(isinstance(v, tvm.tirx.IntImm) for v in values):
+        return None
+    return [int(v) for v in values]
 
 
 def _shape_like(array: np.ndarray) -> bool:
@@ -179,4 +214,4 @@ def import_model(
     importer = PlusONNXImporter(
         shape_dict, dtype_dict, keep_params_in_input=keep_params_in_input, where=where
     )
-    return importer.from_onnx(model.graph, opset)
+    return importer.from_onnx(fold_constants(model).graph, opset)

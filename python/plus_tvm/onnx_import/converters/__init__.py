@@ -1,0 +1,22 @@
+"""plus_tvm's ONNX converters: one op per file, each a TVM ``OnnxOpConverter`` subclass.
+
+:data:`CONVERTERS` maps an ONNX op type to its converter; the importer consults it before TVM's
+own table. A converter exists here when TVM 0.27 has none for the op, or when TVM's gets a
+documented form of the op wrong (each file says which).
+"""
+
+from __future__ import annotations
+
+from .attention import Attention
+from .constant import Constant
+from .negative_log_likelihood_loss import NegativeLogLikelihoodLoss
+from .softmax_cross_entropy_loss import SoftmaxCrossEntropyLoss
+
+CONVERTERS = {
+    "Attention": Attention,
+    "Constant": Constant,
+    "NegativeLogLikelihoodLoss": NegativeLogLikelihoodLoss,
+    "SoftmaxCrossEntropyLoss": SoftmaxCrossEntropyLoss,
+}
+
+__all__ = ["CONVERTERS"]

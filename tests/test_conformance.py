@@ -1,0 +1,101 @@
+"""ONNX conformance: the runner survives crashes and hangs, classifies correctly, and the CI
+subset of ONNX's node tests (the first test of every operator) has no plus-only failure."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import textwrap
+
+import pytest
+from plus_tvm.conformance import cases as cases_mod
+from plus_tvm.conformance import runner
+from plus_tvm.conformance.cases import NodeCase, first_of_each_operator, load_cases
+
+FAKE_WORKER = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    out = os.fdopen(int(sys.argv[3]), "w", buffering=1)
+    for line in sys.stdin:
+        req = json.loads(line)
+        name = req["name"]
+        if name == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if name == "hang":
+            time.sleep(60)
+        status = "pass" if name.startswith("ok") or req["pipeline"] == "tvm" else "fail"
+        out.write(json.dumps({"status": status, "stage": "run", "error": "x", **req}) + "\\n")
+    """
+)
+
+
+def _fake_cases(names):
+    return [NodeCase(n, "Relu", b"", (), 1e-3, 1e-7) for n in names]
+
+
+def test_classes_of_the_two_outcomes():
+    assert runner.classify("pass", "pass") == "both_pass"
+    assert runner.classify("fail", "pass") == "plus_only_fail"
+    assert runner.classify("pass", "timeout") == "tvm_only_fail"
+    assert runner.classify("crash", "fail") == "both_fail"
+
+
+def test_the_runner_outlives_crashing_and_hanging_workers(tmp_path, monkeypatch):
+    worker = tmp_path / "worker.py"
+    worker.write_text(FAKE_WORKER)
+    cache = tmp_path / "cases.pkl"
+    cache.write_bytes(pickle.dumps([]))
+    monkeypatch.setattr(runner, "_WORKER", str(worker))
+    monkeypatch.setattr(runner, "cache_path", lambda: str(cache))
+    names = ["ok1", "crash", "ok2", "hang", "ok3", "bad"]
+    report = runner.run(_fake_cases(names), jobs=2, timeout_s=3.0)
+    plus = {n: t["plus"]["status"] for n, t in report.tests.items()}
+    assert plus == {
+        "ok1": "pass",
+        "crash": "crash",
+        "ok2": "pass",
+        "hang": "timeout",
+        "ok3": "pass",
+        "bad": "fail",
+    }
+    assert "SIGSEGV" in report.tests["crash"]["plus"]["error"]
+    classes = {n: t["class"] for n, t in report.tests.items()}
+    assert classes["bad"] == classes["crash"] == classes["hang"] == "plus_only_fail"
+    assert report.counts()["both_pass"] == 3
+    assert "plus-only failures" in runner.summary(report)
+
+
+def test_the_cache_keeps_only_numeric_tests(monkeypatch, tmp_path):
+    monkeypatch.setenv(cases_mod.CACHE_ENV, str(tmp_path))
+    cases = load_cases()
+    assert os.path.exists(cases_mod.cache_path())
+    assert len(cases) > 1500
+    for case in cases[:200]:
+        for inputs, outputs in case.data_sets:
+            for array in (*inputs, *outputs):
+                assert array.dtype.name in cases_mod.NUMERIC_DTYPES
+    subset = first_of_each_operator(cases)
+    assert len({c.op for c in subset}) == len(subset) > 150
+    assert not any(c.expanded for c in subset)
+
+
+def test_ci_subset_has_no_plus_only_failure():
+    """The first node test of every operator, under plus and under TVM (a few minutes)."""
+    subset = first_of_each_operator(load_cases())
+    report = runner.run(subset, timeout_s=180.0)
+    counts = report.counts()
+    plus_only = report.names("plus_only_fail")
+    details = {n: report.tests[n]["plus"] for n in plus_only}
+    assert not plus_only, f"plus breaks what TVM gets right: {details}"
+    assert counts["plus_pass"] >= counts["tvm_pass"]
+    print(runner.summary(report), file=sys.stderr)
+
+
+@pytest.mark.parametrize("argv", [["--jobs", "0"], ["--timeout", "-1"], ["--pipelines", "x"]])
+def test_bad_arguments_exit_2(argv):
+    from plus_tvm.conformance.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
