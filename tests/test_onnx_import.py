@@ -77,8 +77,13 @@ def test_standard_attention_matches_the_reference(case):
     if case == "4d_window_mode2":
         attrs.update(qk_matmul_output_mode=2)
         outputs += ["", "", "qk"]
-    out_infos = [_info(n, F, None) for n in outputs if n]
-    out_infos[0] = _info("y", F, out_shape)
+    shapes = {
+        "y": out_shape,
+        "present_k": [b, hq, kv + 2, d],
+        "present_v": [b, hq, kv + 2, d],
+        "qk": [b, hq, s, kv],
+    }
+    out_infos = [_info(n, F, shapes[n]) for n in outputs if n]
     node = helper.make_node("Attention", inputs, outputs, **attrs)
     model = _model([node], infos, out_infos)
     _check(model, feeds)
@@ -113,7 +118,8 @@ def test_negative_log_likelihood_loss(reduction, weighted, ignore):
     if ignore is not None:
         attrs["ignore_index"] = ignore
     node = helper.make_node("NegativeLogLikelihoodLoss", inputs, ["loss"], **attrs)
-    _check(_model([node], infos, [_info("loss", F, None)], opset=13), feeds)
+    loss_shape = [n, d] if reduction == "none" else []
+    _check(_model([node], infos, [_info("loss", F, loss_shape)], opset=13), feeds)
 
 
 @pytest.mark.parametrize("log_prob", [False, True])
@@ -126,7 +132,8 @@ def test_softmax_cross_entropy_loss(log_prob):
         "SoftmaxCrossEntropyLoss", ["x", "t"], outputs, reduction="mean", ignore_index=3
     )
     infos = [_info("x", F, [n, c]), _info("t", I64, [n])]
-    _check(_model([node], infos, [_info(o, F, None) for o in outputs], opset=13), feeds)
+    shapes = {"loss": [], "logp": [n, c]}
+    _check(_model([node], infos, [_info(o, F, shapes[o]) for o in outputs], opset=13), feeds)
 
 
 # ------------------------------------------------------------------ constants and shapes
@@ -187,7 +194,7 @@ def test_a_failing_converter_names_node_op_and_reason_and_prints_nothing(capfd):
     # Reduce with axes from a graph input: TVM's converter needs them constant
     node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="sum_it", keepdims=1)
     model = _model(
-        [node], [_info("x", F, [2, 3]), _info("axes", I64, [1])], [_info("y", F, None)], opset=18
+        [node], [_info("x", F, [2, 3]), _info("axes", I64, [1])], [_info("y", F, [2, 1])], opset=18
     )
     with pytest.raises(UnsupportedOperatorError) as info:
         plus_tvm.from_onnx(model)

@@ -27,7 +27,9 @@ import io
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import tvm
+from onnx import numpy_helper
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 
@@ -85,13 +87,11 @@ class PlusONNXImporter(ONNXGraphImporter):
             return
         for init in graph.initializer:
             var_name = init.name.removeprefix("onnx::")
-            entry = self._params.get(var_name)
-            if entry is None:
+            if var_name not in self._params or not _shape_like(init):
                 continue
-            array = entry[1]
-            if _shape_like(array):
-                self._nodes[init.name] = relax.const(array, array.dtype.name)
-                del self._params[var_name]
+            array = numpy_helper.to_array(init)
+            self._nodes[init.name] = relax.const(array, array.dtype.name)
+            del self._params[var_name]
 
     # ---------------------------------------------------------------------- op support
     def _check_for_unsupported_ops(self, graph) -> None:
@@ -178,9 +178,18 @@ def _static_dims(shape: relax.Expr) -> list[int] | None:
     return [int(v) for v in values]
 
 
-def _shape_like(array: np.ndarray) -> bool:
+def _shape_like(init) -> bool:
     """Integer / boolean data (shapes, axes, pads, indices) or a float scalar (eps, bounds)."""
-    return array.dtype.kind in "biu" or array.size <= 1
+    size = 1
+    for d in init.dims:
+        size *= int(d)
+    return init.data_type in _INTEGER_TYPES or size <= 1
+
+
+_INTEGER_TYPES = frozenset(
+    getattr(onnx.TensorProto, name)
+    for name in ("BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
+)
 
 
 def _describe(node, index: int) -> str:
