@@ -203,3 +203,61 @@ def test_a_failing_converter_names_node_op_and_reason_and_prints_nothing(capfd):
     assert "constant" in text.lower()  # the converter's reason
     out, _ = capfd.readouterr()
     assert "Error converting operator" not in out  # TVM's print stays off the user's stdout
+
+
+# ------------------------------------------------------- converters TVM gets silently wrong
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_layer_normalization_returns_mean_and_inverse_std_dev(axis):
+    x = _randn(2, 3, 4)
+    norm = list(x.shape)[axis:]
+    node = helper.make_node(
+        "LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv"], axis=axis, epsilon=1e-3
+    )
+    stat = [d if i < (axis % 3) else 1 for i, d in enumerate(x.shape)]
+    infos = [_info("x", F, [2, 3, 4]), _info("g", F, norm), _info("b", F, norm)]
+    outs = [_info("y", F, [2, 3, 4]), _info("mean", F, stat), _info("inv", F, stat)]
+    feeds = {"x": x, "g": _randn(*norm), "b": _randn(*norm)}
+    _check(_model([node], infos, outs, opset=17), feeds)
+
+
+def test_layer_normalization_of_float16_uses_float32_statistics():
+    x = (_randn(4, 64) * 30).astype(np.float16)
+    node = helper.make_node("LayerNormalization", ["x", "g"], ["y"])
+    infos = [_info("x", TensorProto.FLOAT16, [4, 64]), _info("g", TensorProto.FLOAT16, [64])]
+    model = _model([node], infos, [_info("y", TensorProto.FLOAT16, [4, 64])], opset=17)
+    _check(model, {"x": x, "g": np.ones(64, np.float16)}, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("negative, positive", [(1, 0), (0, 1), (1, 1), (0, 0)])
+def test_is_inf_honours_its_detection_attributes(negative, positive):
+    x = np.array([1.0, np.inf, -np.inf, np.nan, -2.0], np.float32)
+    node = helper.make_node(
+        "IsInf", ["x"], ["y"], detect_negative=negative, detect_positive=positive
+    )
+    model = _model([node], [_info("x", F, [5])], [_info("y", BOOL, [5])], opset=13)
+    _check(model, {"x": x})
+
+
+def test_expand_to_a_shape_known_at_run_time_follows_broadcasting():
+    node = helper.make_node("Expand", ["x", "shape"], ["y"])
+    model = _model(
+        [node],
+        [_info("x", F, [3, 1]), _info("shape", I64, [3])],
+        [_info("y", F, ["a", "b", "c"])],
+        opset=13,
+    )
+    x = _randn(3, 1)
+    cm = plus_tvm.compile(model, "llvm")
+    for shape in ([2, 1, 6], [1, 3, 1], [4, 3, 2]):
+        want = x * np.ones(np.broadcast_shapes(x.shape, tuple(shape)), np.float32)
+        np.testing.assert_array_equal(cm(x, np.array(shape, np.int64)), want)
+
+
+def test_a_graph_output_without_a_shape_imports_as_in_tvm():
+    # ONNX's checker calls it incomplete; TVM's importer (and so plus) warns and goes on
+    node = helper.make_node("Relu", ["x"], ["y"])
+    model = _model([node], [_info("x", F, [4])], [_info("y", F, None)], opset=13)
+    with pytest.warns(UserWarning, match="checker"):
+        cm = plus_tvm.compile(model, "llvm")
+    x = _randn(4)
+    np.testing.assert_array_equal(cm(x), np.maximum(x, 0))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import typing
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -260,9 +261,12 @@ def load_onnx(path_or_proto: str | os.PathLike | onnx.ModelProto) -> onnx.ModelP
         raise ModelLoadError(f"{where} holds no ONNX graph (empty or not an ONNX model)")
     try:
         onnx.checker.check_model(model)
-    except Exception as err:
+    except onnx.checker.ValidationError as err:
+        # TVM's importer only warns here too: exporters write models the checker calls
+        # incomplete (an output without a shape) that import and run correctly; a model that
+        # is really broken fails in the importer, naming the node
         msg = str(err).strip().splitlines()[0]
-        raise ModelLoadError(f"{where} is not a valid ONNX model: {msg}") from None
+        warnings.warn(f"{where}: ONNX's checker: {msg}", stacklevel=2)
     return model
 
 

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from .attention import Attention
 from .constant import Constant
+from .expand import Expand
+from .is_inf import IsInf
+from .layer_normalization import LayerNormalization
 from .negative_log_likelihood_loss import NegativeLogLikelihoodLoss
 from .softmax_cross_entropy_loss import SoftmaxCrossEntropyLoss
 
 CONVERTERS = {
     "Attention": Attention,
     "Constant": Constant,
+    "Expand": Expand,
+    "IsInf": IsInf,
+    "LayerNormalization": LayerNormalization,
     "NegativeLogLikelihoodLoss": NegativeLogLikelihoodLoss,
     "SoftmaxCrossEntropyLoss": SoftmaxCrossEntropyLoss,
 }

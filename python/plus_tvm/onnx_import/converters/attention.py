@@ -36,6 +36,15 @@ class Attention(OnnxOpConverter):
             raise ValueError("Attention: past_key and past_value must be given together")
         if nonpad is not None and past_key is not None:
             raise ValueError("Attention: nonpad_kv_seqlen cannot be combined with past_key")
+        out_dtype = str(q.ty.dtype)
+        if out_dtype in ("float16", "bfloat16"):
+            # products and softmax accumulate in float32, as ONNX's reference and runtimes do
+            q, k, v = (emit(bb, relax.op.astype(t, "float32")) for t in (q, k, v))
+            if past_key is not None:
+                past_key = emit(bb, relax.op.astype(past_key, "float32"))
+                past_value = emit(bb, relax.op.astype(past_value, "float32"))
+            if mask is not None and str(mask.ty.dtype) != "bool":
+                mask = emit(bb, relax.op.astype(mask, "float32"))
         dtype = str(q.ty.dtype)
         rank = len(dims(q))
         batch = dims(q)[0]
@@ -93,7 +102,7 @@ class Attention(OnnxOpConverter):
             probs = _guarded_softmax(bb, logits, bias)
         if mode == _AFTER_SOFTMAX:
             qk_out = probs
-        qk_out = emit(bb, relax.op.astype(qk_out, dtype))
+        qk_out = emit(bb, relax.op.astype(qk_out, out_dtype))
         probs = emit(bb, relax.op.astype(probs, dtype))
 
         out = emit(bb, relax.op.matmul(probs, v))
@@ -101,6 +110,10 @@ class Attention(OnnxOpConverter):
             b, h, s, d = dims(out)
             out = emit(bb, relax.op.permute_dims(out, [0, 2, 1, 3]))
             out = emit(bb, relax.op.reshape(out, [b, s, h * d]))
+        if out_dtype != dtype:
+            out = emit(bb, relax.op.astype(out, out_dtype))
+            present_key = emit(bb, relax.op.astype(present_key, out_dtype))
+            present_value = emit(bb, relax.op.astype(present_value, out_dtype))
         return relax.Tuple([out, present_key, present_value, qk_out])
 
 
