@@ -24,7 +24,7 @@ import torch
 from onnx import TensorProto, helper
 from plus_tvm import cli
 from plus_tvm.cli import compare_outputs
-from plus_tvm.errors import InputError, ModelLoadError, OutputWriteError
+from plus_tvm.errors import InputError, InternalCompileError, ModelLoadError, OutputWriteError
 from plus_tvm.pattern_warehouse import WarehouseError
 
 # --------------------------------------------------------------------------------- fixtures
@@ -480,3 +480,17 @@ def test_zero_dimensional_inputs_stay_zero_dimensional(tmp_path):
     np.testing.assert_array_equal(out, np.arange(3, dtype=np.float32) + 2.5)
     with pytest.raises(InputError, match="s: expected shape"):
         cm(np.arange(3, dtype=np.float32), np.array([2.5], np.float32))
+
+
+def test_an_internal_error_names_the_phase_and_the_pass(monkeypatch, capsys):
+    import plus_tvm.passes.dp_fuse_ops as dp_fuse_ops
+
+    def broken(graph, plan):
+        raise ZeroDivisionError("a bug in the plan search")
+
+    monkeypatch.setattr(dp_fuse_ops, "_topological", broken)
+    with pytest.raises(InternalCompileError, match="phase fuse, pass DPFuseOps.*plan search"):
+        plus_tvm.compile("zoo:bert-base-tiny", "llvm")
+    code, _, err = run_cli(capsys, "inspect", "zoo:bert-base-tiny")
+    assert code == 1 and "internal error in phase fuse, pass DPFuseOps" in err
+    assert "Traceback" not in err

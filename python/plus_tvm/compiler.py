@@ -8,6 +8,7 @@ same point, so both report comparable numbers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -16,7 +17,7 @@ import tvm
 
 from . import interrupt
 from .compiled_model import CompiledModel, InputSpec, WeightSource, input_specs, load
-from .errors import ModelLoadError, OutputWriteError, PlusError
+from .errors import InternalCompileError, ModelLoadError, OutputWriteError, PlusError
 from .frontend import num_inputs
 from .loader import LoadedModel, load_model
 from .options import Options
@@ -50,13 +51,14 @@ def _pre_lowering(
         raise PlusError(f"unknown pipeline {pipeline!r}; choose one of {list(PIPELINES)}")
     start = time.perf_counter()
     recorder = FusionRecorder()
-    instruments = [recorder] + ([dumper] if dumper is not None else [])
+    tracker = _PassTracker()
+    instruments = [recorder, tracker] + ([dumper] if dumper is not None else [])
     passes = (
         phase_passes(target, options, _PRE_LOWERING)
         if pipeline == "plus"
         else tvm_pre_lowering_passes(target)
     )
-    with _context(instruments), target:
+    with _context(instruments), target, _naming_the_pass(tracker):
         mod = tvm.transform.Sequential(passes, name=f"{pipeline}.pre_lowering")(loaded.mod)
     ops = count_ops(loaded.mod)
     kstats = kernel_stats(mod)
@@ -89,6 +91,46 @@ def _context(instruments: list) -> tvm.transform.PassContext:
         config=dict(cur.config),
         instruments=list(cur.instruments) + instruments,
     )
+
+
+@tvm.instrument.pass_instrument
+class _PassTracker:
+    """Remembers which passes are running (a pass that raises is never "after"), so that an
+    internal error can name its phase and pass."""
+
+    def __init__(self) -> None:
+        self.running: list[str] = []
+
+    def run_before_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+        del mod
+        self.running.append(info.name)
+
+    def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+        del mod
+        if self.running and self.running[-1] == info.name:
+            self.running.pop()
+
+    def where(self) -> str:
+        phases = [n[len("plus.") :] for n in self.running if n.startswith("plus.")]
+        passes = [n for n in self.running if not n.startswith(("plus.", "tvm_", "plus_"))]
+        phase = f"phase {phases[-1]}" if phases else "pipeline"
+        return f"{phase}, pass {passes[-1]}" if passes else phase
+
+
+@contextlib.contextmanager
+def _naming_the_pass(tracker: _PassTracker, codegen: bool = False):
+    """Turn an unexpected error inside a pass into an :class:`InternalCompileError` naming the
+    phase and the pass (user errors and interrupts pass through unchanged)."""
+    try:
+        yield
+    except (PlusError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as err:
+        interrupt.check()
+        lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+        reason = f"{type(err).__name__}: {lines[-1] if lines else ''}"
+        where = tracker.where() if tracker.running else ("code generation" if codegen else "?")
+        raise InternalCompileError(f"internal error in {where}: {reason}") from err
 
 
 @tvm.instrument.pass_instrument
@@ -181,7 +223,9 @@ def _compile(
     post = (
         phase_passes(tgt, options, _POST) if pipeline == "plus" else tvm_post_lowering_passes(tgt)
     )
-    with _context([dumper] if dumper is not None else []):
+    tracker = _PassTracker()
+    instruments = [tracker] + ([dumper] if dumper is not None else [])
+    with _context(instruments), _naming_the_pass(tracker, codegen=True):
         executable = tvm.compile(
             mod, tgt, relax_pipeline=tvm.transform.Sequential(post, name=f"{pipeline}.post")
         )

@@ -11,9 +11,11 @@ import argparse
 import sys
 import time
 
+from . import interrupt
 from .bench import Bench
 from .compiler import inspect
 from .errors import PlusError
+from .quiet import quiet
 
 
 def _latency(backend: dict) -> str:
@@ -35,22 +37,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget", type=float, default=30.0, help="seconds of runs per backend (slow: fewer runs)"
     )
+    parser.add_argument(
+        "--verbose", action="store_true", help="show TVM's log warnings and Python warnings"
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        tvm_stats = inspect(args.model, args.target, pipeline="tvm")
-        result = Bench(
-            args.model,
-            ["plus", "torch", "onnxruntime"],
-            target=args.target,
-            runs=args.runs,
-            warmup=2,  # library weights are prepacked on their second call
-            budget_s=args.budget,
-            log=lambda msg: print(msg, flush=True),
-        ).run()
+        with interrupt.guard(), quiet(enabled=not args.verbose):
+            tvm_stats = inspect(args.model, args.target, pipeline="tvm")
+            result = Bench(
+                args.model,
+                ["plus", "torch", "onnxruntime"],
+                target=args.target,
+                runs=args.runs,
+                warmup=2,  # library weights are prepacked on their second call
+                budget_s=args.budget,
+                log=lambda msg: print(msg, flush=True),
+            ).run()
     except PlusError as err:
         print(f"demo: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("demo: interrupted", file=sys.stderr)
+        return 130
     plus, torch_ = result["backends"]["plus"], result["backends"]["torch"]
     ort = result["backends"]["onnxruntime"]
     stats = result["stats"]

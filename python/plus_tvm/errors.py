@@ -48,3 +48,11 @@ class OutputWriteError(PlusError, OSError):
 # crossed TVM's C++ arrives as a RuntimeError too: code catching these calls
 # ``plus_tvm.interrupt.check()`` first.
 TVM_REFUSAL = (RuntimeError, ValueError)
+
+
+class InternalCompileError(RuntimeError):
+    """A pass failed on a model where it should not: a bug of the pipeline (not bad input).
+
+    The message names the phase and the pass, and carries the pass's own error; the CLI
+    reports it as an internal error (exit 1).
+    """
