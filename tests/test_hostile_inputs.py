@@ -199,6 +199,11 @@ def test_the_run_check_fails_on_a_nan_mismatch():
     check = compare_outputs([dropped], [ref], 1e-3, 1e-3)
     assert not check["ok"] and "NaN mismatch" in check["why"]
     assert np.isnan(check["max_abs_err"])
+    infinite = np.array([1.0, np.inf, -np.inf], dtype=np.float32)
+    assert compare_outputs([infinite.copy()], [infinite], 1e-3, 1e-3)["ok"]
+    for wrong in ([1.0, np.inf, np.inf], [1.0, 7.0, -np.inf]):
+        check = compare_outputs([np.array(wrong, np.float32)], [infinite], 1e-3, 1e-3)
+        assert not check["ok"] and "infinities" in check["why"]
 
 
 _RELU_MODEL = """

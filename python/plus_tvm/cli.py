@@ -257,13 +257,11 @@ def compare_outputs(outs: Sequence, refs: Sequence, rtol: float, atol: float) ->
             return {"ok": False, "max_abs_err": float("nan"),
                     "why": f"output {k} at {where} is {o64[where]} where the reference is "
                     f"{r64[where]} (NaN mismatch)"}
-        both = ~nan_o
-        if not np.array_equal(np.isinf(o64) & both, np.isinf(r64) & both) or not np.array_equal(
-            np.where(np.isinf(o64), o64, 0), np.where(np.isinf(r64), r64, 0)
-        ):
+        inf_o, inf_r = np.isinf(o64), np.isinf(r64)
+        if not np.array_equal(np.where(inf_o, o64, 0), np.where(inf_r, r64, 0)):
             return {"ok": False, "max_abs_err": float("inf"),
                     "why": f"output {k} differs from the reference in its infinities"}
-        finite = both & ~np.isinf(o64)
+        finite = ~nan_o & ~inf_o
         if np.any(finite):
             diff = np.abs(o64[finite] - r64[finite])
             worst = max(worst, float(diff.max()))

@@ -145,22 +145,22 @@ def _integer(expr: relax.Expr) -> bool:
 
 
 def _extent(data: relax.Expr, axis: int | None) -> tuple[int | None, tuple]:
-    """The static extent of the indexed axis (all elements when ``axis`` is None)."""
+    """The static extent of the indexed axis (all elements when ``axis`` is None), and the
+    tensor's shape for messages; ``None`` when the extent is symbolic or the axis invalid."""
     ty = data.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None, ()
     dims = list(ty.shape.values)
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        static = axis is not None and -len(dims) <= axis < len(dims)
-        if not (static and isinstance(dims[axis], tvm.tirx.IntImm)):
-            return None, ()
-        return int(dims[axis]), tuple(str(d) for d in dims)
-    shape = tuple(int(d) for d in dims)
+    shown = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in dims)
     if axis is None:
-        total = 1
-        for d in shape:
-            total *= d
-        return total, shape
-    if not -len(shape) <= axis < len(shape):
-        return None, shape
-    return shape[axis], shape
+        picked = dims
+    elif -len(dims) <= axis < len(dims):
+        picked = [dims[axis]]
+    else:
+        return None, shown
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in picked):
+        return None, shown
+    extent = 1
+    for d in picked:
+        extent *= int(d)
+    return extent, shown

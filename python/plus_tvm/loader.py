@@ -178,7 +178,7 @@ def random_inputs(specs: list, seed: int = 0) -> tuple[np.ndarray, ...]:
                 "give inputs explicitly (--inputs)"
             )
         _check_fits(spec)
-        rng_spec = getattr(spec, "index_range", None)
+        rng_spec = spec.index_range
         if rng_spec is not None:
             low, high = max(rng_spec.low, 0), rng_spec.high
             out.append(rng.integers(low, high + 1, size=spec.shape).astype(spec.dtype))
