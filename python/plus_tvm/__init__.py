@@ -7,6 +7,10 @@ Public API (DESIGN.md section 3): :func:`from_torch`, :func:`from_onnx`, :class:
 
 from __future__ import annotations
 
+from .threads import configure_tvm_pool
+
+configure_tvm_pool()  # before TVM's pool starts: no pinning, every core (plus_tvm.threads)
+
 from . import runtime as runtime  # registers library kernels
 from ._version import __version__
 from .compiler import CompiledModel, InputSpec, compile, inspect, load

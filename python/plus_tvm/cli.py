@@ -242,35 +242,50 @@ def compare_outputs(outs: Sequence, refs: Sequence, rtol: float, atol: float) ->
     import numpy as np
 
     if len(outs) != len(refs):
-        return {"ok": False, "max_abs_err": float("nan"), "why": f"{len(outs)} outputs, "
-                f"the reference has {len(refs)}"}
+        return {
+            "ok": False,
+            "max_abs_err": float("nan"),
+            "why": f"{len(outs)} outputs, the reference has {len(refs)}",
+        }
     worst = 0.0
     for k, (o, r) in enumerate(zip(outs, refs)):
         o, r = np.asarray(o), np.asarray(r)
         if o.shape != r.shape:
-            return {"ok": False, "max_abs_err": float("nan"),
-                    "why": f"output {k} has shape {o.shape}, the reference {r.shape}"}
+            return {
+                "ok": False,
+                "max_abs_err": float("nan"),
+                "why": f"output {k} has shape {o.shape}, the reference {r.shape}",
+            }
         o64, r64 = o.astype(np.float64), r.astype(np.float64)
         nan_o, nan_r = np.isnan(o64), np.isnan(r64)
         if np.any(nan_o != nan_r):
             where = tuple(int(i) for i in np.argwhere(nan_o != nan_r)[0])
-            return {"ok": False, "max_abs_err": float("nan"),
-                    "why": f"output {k} at {where} is {o64[where]} where the reference is "
-                    f"{r64[where]} (NaN mismatch)"}
+            return {
+                "ok": False,
+                "max_abs_err": float("nan"),
+                "why": f"output {k} at {where} is {o64[where]} where the reference is "
+                f"{r64[where]} (NaN mismatch)",
+            }
         inf_o, inf_r = np.isinf(o64), np.isinf(r64)
         if not np.array_equal(np.where(inf_o, o64, 0), np.where(inf_r, r64, 0)):
-            return {"ok": False, "max_abs_err": float("inf"),
-                    "why": f"output {k} differs from the reference in its infinities"}
+            return {
+                "ok": False,
+                "max_abs_err": float("inf"),
+                "why": f"output {k} differs from the reference in its infinities",
+            }
         finite = ~nan_o & ~inf_o
         if np.any(finite):
             diff = np.abs(o64[finite] - r64[finite])
             worst = max(worst, float(diff.max()))
             bad = diff > atol + rtol * np.abs(r64[finite])
             if np.any(bad):
-                return {"ok": False, "max_abs_err": worst,
-                        "why": f"output {k}: {int(bad.sum())} of {diff.size} values differ by "
-                        f"more than atol {atol:g} + rtol {rtol:g} x |reference| "
-                        f"(max abs error {float(diff.max()):.3e})"}
+                return {
+                    "ok": False,
+                    "max_abs_err": worst,
+                    "why": f"output {k}: {int(bad.sum())} of {diff.size} values differ by "
+                    f"more than atol {atol:g} + rtol {rtol:g} x |reference| "
+                    f"(max abs error {float(diff.max()):.3e})",
+                }
     return {"ok": True, "max_abs_err": worst, "why": ""}
 
 
@@ -349,6 +364,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         _write(args.plot, lambda p: plot(result, p))
         print(f"wrote {args.plot}")
+    if result["invalid"]:
+        print(
+            "plus-tvm bench: error: the measurement is invalid (a backend changed the "
+            "process's affinity or thread counts): " + "; ".join(result["invalid"]),
+            file=sys.stderr,
+        )
+        return EXIT_CHECK_FAILED
     return 0
 
 

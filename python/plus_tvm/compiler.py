@@ -28,7 +28,7 @@ from .pipeline import (
     tvm_post_lowering_passes,
     tvm_pre_lowering_passes,
 )
-from .stats import FusionRecorder, count_ops, kernel_stats
+from .stats import FusionRecorder, contraction_flops, count_ops, kernel_stats
 from .target import resolve_target, target_name
 
 __all__ = ["CompiledModel", "InputSpec", "compile", "input_specs", "inspect", "load"]
@@ -68,6 +68,7 @@ def _pre_lowering(
         "target": target_name(target),
         "pipeline": pipeline,
         "ops": ops,
+        "gemm_flops": contraction_flops(loaded.mod),
         "kernels": kernels,
         "fusion_ratio": round(ops / kernels, 4) if kernels else float(ops),
         "library_calls": kstats["library_calls"],

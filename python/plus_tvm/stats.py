@@ -46,6 +46,43 @@ def count_ops(mod: tvm.IRModule, func: str = "main") -> int:
     return sum(1 for call in _calls(mod[func]) if _op_name(call) is not None)
 
 
+def _static(expr: relax.Expr) -> list[int] | None:
+    from .dispatch.binders.common import shape_of
+
+    dims = shape_of(expr)
+    return dims if dims and None not in dims else None
+
+
+def _prod(values: list[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def contraction_flops(mod: tvm.IRModule, func: str = "main") -> int:
+    """Floating-point operations of the matrix products and convolutions in ``func``.
+
+    ``matmul``: ``2 * prod(output) * K``; ``conv1d/2d/3d``: ``2 * prod(output) * (input channels
+    / groups) * prod(kernel window)``. Calls with a symbolic size are not counted (0).
+    """
+    total = 0
+    for call in _calls(mod[func]):
+        name = _op_name(call)
+        if name not in ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d"):
+            continue
+        out, a, b = _static(call), _static(call.args[0]), _static(call.args[1])
+        if out is None or a is None or b is None:
+            continue
+        if name == "relax.matmul":
+            total += 2 * _prod(out) * a[-1]
+        else:
+            layout = str(call.attrs.kernel_layout)  # e.g. OIHW: I is in-channels per group
+            window = [n for axis, n in zip(layout, b) if axis not in "OI"]
+            total += 2 * _prod(out) * b[layout.index("I")] * _prod(window)
+    return total
+
+
 def op_histogram(mod: tvm.IRModule, func: str = "main") -> dict[str, int]:
     """Operator name -> number of call sites in ``func``."""
     names = (_op_name(c) for c in _calls(mod[func]))

@@ -130,8 +130,10 @@ def map_blocks(s: tirx.Stmt, replace: Replace, keep: BlockFilter | None = None) 
     def visit(node: tirx.Stmt) -> tirx.Stmt:
         if isinstance(node, s_tir.SBlockRealize):
             block = visit(node.block)
-            return node if block.same_as(node.block) else s_tir.SBlockRealize(
-                node.iter_values, node.predicate, block
+            return (
+                node
+                if block.same_as(node.block)
+                else s_tir.SBlockRealize(node.iter_values, node.predicate, block)
             )
         if isinstance(node, s_tir.SBlock):
             skip = keep is not None and keep(node)

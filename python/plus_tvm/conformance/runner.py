@@ -44,7 +44,6 @@ class _Worker:
         # one core per worker: several workers share the machine
         env.setdefault("TVM_NUM_THREADS", "1")
         env.setdefault("OMP_NUM_THREADS", "1")
-        env.setdefault("PLUS_TVM_TORCH_THREADS", "1")
         proc = subprocess.Popen(
             [sys.executable, _WORKER, cache, "--result-fd", str(write_fd)],
             stdin=subprocess.PIPE,

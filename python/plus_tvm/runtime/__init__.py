@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import tvm_ffi
 
-from ._common import THREADS, ConfigSpec, LibraryKernel, PrepackCache, physical_cores, to_torch
+from ..threads import physical_cores
+from ._common import ConfigSpec, LibraryKernel, PrepackCache, to_torch
 from .attention import Attention
 from .conv2d import Conv2d
 from .layer_norm import LayerNorm
@@ -86,7 +87,6 @@ register()
 
 __all__ = [
     "KERNELS",
-    "THREADS",
     "ConfigSpec",
     "LibraryKernel",
     "PrepackCache",

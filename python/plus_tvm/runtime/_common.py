@@ -1,4 +1,4 @@
-"""Shared machinery of the library kernels: config parsing, DLPack, threads, streams, prepacking.
+"""Shared machinery of the library kernels: config parsing, DLPack, streams, prepacking.
 
 Every kernel is a global function with the calling convention that the dispatch pass emits::
 
@@ -21,8 +21,6 @@ from typing import Any
 
 import torch
 import tvm_ffi
-
-THREADS_ENV = "PLUS_TVM_TORCH_THREADS"
 
 # ---------------------------------------------------------------------------------------------
 # config strings
@@ -149,75 +147,6 @@ class ConfigSpec:
 
 # ---------------------------------------------------------------------------------------------
 # threads and streams
-
-
-def physical_cores() -> int:
-    """Physical cores available to this process (TVM's default thread count).
-
-    TVM's thread pool honours ``TVM_NUM_THREADS``, then ``OMP_NUM_THREADS``, then the number of
-    physical cores; the same order is used here.
-
-    Returns
-    -------
-    int
-        The thread count, at least 1.
-    """
-    for env in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(env, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    cores: set[tuple[str, str]] = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            proc = phys = core = None
-            for line in f:
-                key, _, value = line.partition(":")
-                key, value = key.strip(), value.strip()
-                if key == "processor":
-                    proc = int(value)
-                elif key == "physical id":
-                    phys = value
-                elif key == "core id":
-                    core = value
-                elif not key and proc is not None:
-                    if allowed is None or proc in allowed:
-                        cores.add((str(phys), str(core if core is not None else proc)))
-                    proc = phys = core = None
-            if proc is not None and (allowed is None or proc in allowed):
-                cores.add((str(phys), str(core if core is not None else proc)))
-    except OSError:
-        pass
-    if cores:
-        return len(cores)
-    return len(allowed) if allowed else (os.cpu_count() or 1)
-
-
-class _ThreadSetup:
-    """Sets torch's intra-op threads once, at the first kernel call on CPU."""
-
-    def __init__(self) -> None:
-        self.done = False
-        self.threads: int | None = None
-
-    def ensure(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        value = os.environ.get(THREADS_ENV, "").strip()
-        if value:
-            try:
-                threads = int(value)
-            except ValueError:
-                raise ValueError(f"{THREADS_ENV}={value!r} is not an integer") from None
-        else:
-            threads = physical_cores()
-        if threads > 0 and torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-        self.threads = torch.get_num_threads()
-
-
-THREADS = _ThreadSetup()
 
 
 class _Streams:
@@ -561,7 +490,6 @@ class LibraryKernel:
                 f"implied by the inputs {[tuple(t.shape) for t in inputs]} and {str(config)!r}"
             )
         if out_t.device.type == "cpu":
-            THREADS.ensure()
             self.run(cfg, inputs, out_t, *extra)
         else:
             with STREAMS.context(out_t):

@@ -130,9 +130,7 @@ def _split_heads(bb, x, heads: int):
 
 def _allow(bb, allowed, dtype: str):
     """0 where ``allowed``, -inf elsewhere."""
-    return emit(
-        bb, relax.op.where(allowed, scalar(0.0, dtype), scalar(float("-inf"), dtype))
-    )
+    return emit(bb, relax.op.where(allowed, scalar(0.0, dtype), scalar(float("-inf"), dtype)))
 
 
 def _positions(bb, n) -> relax.Expr:

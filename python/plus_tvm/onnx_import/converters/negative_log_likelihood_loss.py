@@ -37,9 +37,7 @@ def nll_loss(bb, log_prob, target, weight, reduction: str, ignore_index, weight_
     if ignore_index is not None:
         ignored = emit(bb, relax.op.equal(target, relax.const(int(ignore_index), tdtype)))
         index = emit(bb, relax.op.where(ignored, relax.const(0, tdtype), target))
-    picked = emit(
-        bb, relax.op.gather_elements(log_prob, relax.op.expand_dims(index, 1), axis=1)
-    )
+    picked = emit(bb, relax.op.gather_elements(log_prob, relax.op.expand_dims(index, 1), axis=1))
     loss = emit(bb, relax.op.negative(relax.op.squeeze(picked, axis=[1])))
     if ignored is not None:
         loss = emit(bb, relax.op.where(ignored, scalar(0.0, dtype), loss))

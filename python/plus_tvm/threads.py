@@ -1,0 +1,124 @@
+"""The thread policy of plus_tvm, decided once, and the snapshot that checks it is kept.
+
+A compiled model runs two kinds of parallel code in turn, never at the same time: TVM's kernels
+on TVM's thread pool, and library kernels (oneDNN / ATen through torch) on torch's OpenMP pool.
+Left to itself, TVM's pool (1) sizes itself to half the hardware threads on x86, which is half
+the cores of a machine without SMT, and (2) pins the calling thread to CPU 0 when it starts
+(``TVM_BIND_THREADS``), so from then on torch and every other library in the process see one
+core. plus_tvm therefore sets, at import and only where the user has not:
+
+* ``TVM_BIND_THREADS=0``: no thread of the process is pinned; the caller's affinity stays;
+* ``TVM_NUM_THREADS`` = the physical cores of the process's affinity (:func:`physical_cores`),
+  so TVM's kernels use every core, as torch's pool does by default.
+
+torch's thread count is never changed. Both pools on every core were measured against TVM's pool
+of one (the README's "Threads" section): the pools take turns, so they do not fight.
+
+Both variables are read by TVM when its pool starts (the first parallel kernel), so they take
+effect when ``plus_tvm`` is imported before TVM runs a kernel. :func:`snapshot` is what tests and
+the benchmark use to prove that compiling and running a model leaves the process as it was.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+BIND_ENV = "TVM_BIND_THREADS"
+NUM_ENV = "TVM_NUM_THREADS"
+
+
+def _allowed() -> set[int] | None:
+    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def physical_cores() -> int:
+    """Physical cores of the CPUs this process may run on (hyper-threads counted once).
+
+    ``TVM_NUM_THREADS`` and then ``OMP_NUM_THREADS`` win when set, as in TVM's own sizing.
+
+    Returns
+    -------
+    int
+        The thread count, at least 1.
+    """
+    for env in (NUM_ENV, "OMP_NUM_THREADS"):
+        value = os.environ.get(env, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    allowed = _allowed()
+    cores: set[tuple[str, str]] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            proc = phys = core = None
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "processor":
+                    proc = int(value)
+                elif key == "physical id":
+                    phys = value
+                elif key == "core id":
+                    core = value
+                elif not key and proc is not None:
+                    if allowed is None or proc in allowed:
+                        cores.add((str(phys), str(core if core is not None else proc)))
+                    proc = phys = core = None
+            if proc is not None and (allowed is None or proc in allowed):
+                cores.add((str(phys), str(core if core is not None else proc)))
+    except OSError:
+        pass
+    if cores:
+        return len(cores)
+    return len(allowed) if allowed else (os.cpu_count() or 1)
+
+
+def configure_tvm_pool(environ: dict | None = None) -> dict[str, str]:
+    """Set the policy's defaults in ``environ`` (``os.environ``) where the user has not.
+
+    Returns
+    -------
+    dict
+        The two variables as they are now.
+    """
+    env = os.environ if environ is None else environ
+    env.setdefault(BIND_ENV, "0")
+    env.setdefault(NUM_ENV, str(physical_cores()))
+    return {BIND_ENV: env[BIND_ENV], NUM_ENV: env[NUM_ENV]}
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    """What a process's parallel libraries see: its CPU affinity and torch's thread counts."""
+
+    affinity: tuple[int, ...]
+    torch_threads: int | None
+    torch_interop_threads: int | None
+
+    def changes_from(self, before: ThreadState) -> list[str]:
+        """Human-readable differences from ``before`` (empty when nothing changed)."""
+        out = []
+        for name in ("affinity", "torch_threads", "torch_interop_threads"):
+            a, b = getattr(before, name), getattr(self, name)
+            if a is not None and b is not None and a != b:
+                out.append(f"{name} {_show(a)} -> {_show(b)}")
+        return out
+
+
+def _show(value: object) -> str:
+    if isinstance(value, tuple):
+        return "{" + ",".join(map(str, value)) + "}"
+    return str(value)
+
+
+def snapshot() -> ThreadState:
+    """The current :class:`ThreadState`; torch's counts only if torch is already imported."""
+    import sys
+
+    allowed = _allowed()
+    torch = sys.modules.get("torch")
+    return ThreadState(
+        affinity=tuple(sorted(allowed)) if allowed is not None else (),
+        torch_threads=torch.get_num_threads() if torch is not None else None,
+        torch_interop_threads=torch.get_num_interop_threads() if torch is not None else None,
+    )
