@@ -1,18 +1,23 @@
-"""The benchmark harness: budgets, interleaving, error checks and speedup arithmetic."""
+"""The benchmark harness: one process per backend with its own defaults, budgets, error checks,
+the affinity / thread-count guard, memory, and speedup arithmetic."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
 import pytest
 import torch
-from plus_tvm.bench import Backend, Bench, format_table
+from plus_tvm import threads
+from plus_tvm.bench import BACKENDS, Backend, Bench, BenchError, format_table, state_changes
+from plus_tvm.loader import load_model
 
 
-class Slow(torch.nn.Module):
-    """A tiny model; the test slows one backend down artificially."""
-
+class Small(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(8, 8)
@@ -21,102 +26,228 @@ class Slow(torch.nn.Module):
         return torch.relu(self.lin(x))
 
 
-def _bench(**kw) -> Bench:
-    model = Slow().eval()
-    return Bench(model_ref(model), **kw)
+class SlowEager(Small):
+    """Sleeps in eager mode only: export traces the sleep away, so plus is fast."""
+
+    def forward(self, x):
+        time.sleep(0.03)
+        return super().forward(x)
 
 
-def model_ref(model):
-    from plus_tvm.loader import load_model
-
-    return load_model(model, (torch.randn(2, 8),))
+def _eager() -> bool:
+    return not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
 
 
-def test_budget_limits_runs_of_a_slow_backend(monkeypatch):
-    bench = _bench(backends=["plus", "torch"], runs=6, warmup=0, budget_s=0.05, progress=False)
-    orig = Bench._setup
+class FailsEager(Small):
+    def forward(self, x):
+        if _eager():
+            raise RuntimeError("peer exploded")
+        return super().forward(x)
 
-    def slow_setup(self):
-        backends = orig(self)
-        plus = next(b for b in backends if b.name == "plus")
-        fast = plus.run
 
-        def slow_run():
-            time.sleep(0.03)
-            return fast()
+class PinsEager(Small):
+    """Pins its process to one CPU when run eagerly: the bench must call that invalid."""
 
-        plus.run = slow_run
-        return backends
+    def forward(self, x):
+        if _eager():
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        return super().forward(x)
 
-    monkeypatch.setattr(Bench, "_setup", slow_setup)
-    result = bench.run()
+
+def _loaded(cls):
+    torch.manual_seed(0)
+    return load_model(cls().eval(), (torch.randn(2, 8),))
+
+
+def test_every_backend_runs_in_its_own_process_on_every_core():
+    cpus = sorted(os.sched_getaffinity(0))
+    result = Bench(
+        _loaded(Small), ["plus", "torch", "onnxruntime"], runs=3, warmup=1, progress=False
+    ).run()
+    assert result["invalid"] == [] and result["reference"] == "torch"
+    assert result["environment"]["affinity"] == cpus
+    for name in ("plus", "torch", "onnxruntime"):
+        entry = result["backends"][name]
+        assert entry["status"] == "ok", (name, entry["status"])
+        assert entry["runs"] == 3 and entry["median_ms"] > 0
+        assert entry["affinity"] == cpus  # nothing narrowed the CPUs a backend started with
+        assert entry["max_abs_err"] < 1e-5
+        assert 0 < entry["peak_above_libraries_mb"] < entry["peak_rss_mb"]
+    plus_threads = result["backends"]["plus"]["threads"]
+    assert plus_threads["tvm_pool"] == threads.physical_cores()
+    # torch in the worker keeps its own default (it is what a fresh interpreter picks)
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result["backends"]["torch"]["threads"]["torch"] == int(fresh.stdout)
+    assert "onnxruntime" in result["backends"]["onnxruntime"]["threads"]
+    text = format_table(result)
+    assert "own process" in text and "INVALID" not in text
+
+
+def test_budget_limits_runs_of_a_slow_backend():
+    result = Bench(
+        _loaded(SlowEager), ["plus", "torch"], runs=6, warmup=0, budget_s=0.05, progress=False
+    ).run()
     plus, torch_ = result["backends"]["plus"], result["backends"]["torch"]
-    assert 1 <= plus["runs"] < 6
-    assert plus["status"].startswith("budget:")
-    assert torch_["runs"] == 6 and torch_["status"] == "ok"
+    assert 1 <= torch_["runs"] < 6 and torch_["status"].startswith("budget:")
+    assert torch_["median_ms"] >= 30
+    assert plus["runs"] == 6 and plus["status"] == "ok"
     assert result["speedup"]["torch"] == pytest.approx(
         torch_["median_ms"] / plus["median_ms"], rel=2e-3
     )
 
 
-def test_wrong_backend_output_is_reported_not_hidden(monkeypatch):
-    bench = _bench(backends=["plus", "torch"], runs=2, warmup=0, progress=False)
-    orig = Bench._setup
-
-    def broken_setup(self):
-        backends = orig(self)
-        plus = next(b for b in backends if b.name == "plus")
-        good = plus.run
-        plus.run = lambda: np.asarray(good().numpy()) + 0.5  # a wrong result
-        return backends
-
-    monkeypatch.setattr(Bench, "_setup", broken_setup)
-    result = bench.run()
-    assert result["reference"] == "torch"
-    assert result["backends"]["plus"]["max_abs_err"] == pytest.approx(0.5, abs=1e-5)
-
-
-def test_failing_peer_is_reported_and_plus_still_measured(monkeypatch):
-    bench = _bench(backends=["plus", "torch"], runs=2, warmup=0, progress=False)
-    orig = Bench._setup
-
-    def failing(self):
-        backends = orig(self)
-        victim = next(b for b in backends if b.name == "torch")
-
-        def boom():
-            raise RuntimeError("peer exploded")
-
-        victim.run = boom
-        return backends
-
-    monkeypatch.setattr(Bench, "_setup", failing)
-    result = bench.run()
+def test_failing_peer_is_reported_and_plus_still_measured():
+    result = Bench(_loaded(FailsEager), ["plus", "torch"], runs=2, warmup=0, progress=False).run()
     assert "peer exploded" in result["backends"]["torch"]["status"]
     assert result["backends"]["plus"]["runs"] == 2
     assert "peer exploded" in str(result["speedup"]["torch"])
+    assert result["reference"].startswith("none")  # no silent reference from a broken model
+    assert result["backends"]["plus"]["max_abs_err"] is None
     assert "torch" in format_table(result)
 
 
-def test_unknown_backend_is_rejected():
-    from plus_tvm.errors import PlusError
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to narrow")
+def test_a_backend_that_changes_its_affinity_makes_the_result_invalid():
+    result = Bench(_loaded(PinsEager), ["plus", "torch"], runs=2, warmup=0, progress=False).run()
+    status = result["backends"]["torch"]["status"]
+    assert status.startswith("invalid:") and "affinity" in status
+    assert any(p.startswith("torch:") for p in result["invalid"])
+    assert result["backends"]["plus"]["status"] == "ok"
+    assert "INVALID" in format_table(result)
 
-    with pytest.raises(PlusError, match="tensorrt"):
-        Bench("zoo:bert-base-tiny", ["plus", "tensorrt"])
 
+def test_bench_command_exits_3_on_an_invalid_measurement(monkeypatch, capsys):
+    from plus_tvm import cli
 
-def test_backend_defaults():
-    b = Backend("x")
-    assert not b.active and b.status == "ok"
+    fake = {
+        "model": "m",
+        "target": "llvm",
+        "reference": "torch",
+        "environment": {"affinity": [0, 1]},
+        "invalid": ["torch: affinity [0, 1] -> [0]"],
+        "backends": {
+            "plus": {"median_ms": 1.0, "runs": 1, "max_abs_err": 0.0, "status": "ok"},
+            "torch": {"median_ms": 2.0, "runs": 1, "max_abs_err": 0.0, "status": "invalid: x"},
+        },
+        "speedup": {"torch": 2.0},
+        "stats": {},
+    }
+    monkeypatch.setattr("plus_tvm.bench.Bench.run", lambda self: fake)
+    code = cli.main(["bench", "zoo:bert-base-tiny", "--compare", "plus,torch", "--no-progress"])
+    assert code == 3
+    assert "invalid" in capsys.readouterr().err
 
 
 def test_plus_variant_backend_is_compiled_with_its_options():
-    bench = _bench(
-        backends=["plus", "plus:dispatch=false+fusion=tvm"], runs=2, warmup=0, progress=False
+    bench = Bench(
+        _loaded(Small),
+        ["plus", "plus:dispatch=false+fusion=tvm"],
+        runs=2,
+        warmup=0,
+        progress=False,
     )
     result = bench.run()
     variant = result["backends"]["plus:dispatch=false+fusion=tvm"]
     assert variant["status"] == "ok" and variant["max_abs_err"] < 1e-4
     assert "plus:dispatch=false+fusion=tvm" in result["speedup"]
     with pytest.raises(Exception, match="unknown option"):
-        _bench(backends=["plus", "plus:nonsense=1"], progress=False)
+        Bench(_loaded(Small), ["plus", "plus:nonsense=1"], progress=False)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(BenchError, match="tensorrt"):
+        Bench("zoo:bert-base-tiny", ["plus", "tensorrt"])
+    for kwargs in ({"runs": 0}, {"warmup": -1}, {"budget_s": float("inf")}, {"runs": True}):
+        with pytest.raises(BenchError):
+            Bench("zoo:bert-base-tiny", ["plus"], **kwargs)
+    assert set(BACKENDS) >= {"plus", "torch", "torch-compile", "onnxruntime"}
+    assert not Backend("x").active
+
+
+def test_state_changes_names_what_changed():
+    a = {"affinity": [0, 1], "torch_threads": 2, "torch_interop_threads": 2}
+    assert state_changes(a, dict(a)) == []
+    b = {**a, "affinity": [0], "torch_threads": 1}
+    assert state_changes(a, b) == ["affinity [0, 1] -> [0]", "torch_threads 2 -> 1"]
+    assert state_changes(a, {**a, "torch_threads": None}) == []  # torch not loaded there
+
+
+# ---------------------------------------------------------------------------------------------
+# the thread policy
+
+
+def test_thread_policy_defaults_and_user_values():
+    env: dict[str, str] = {}
+    got = threads.configure_tvm_pool(env)
+    assert got == {
+        "TVM_BIND_THREADS": "0",
+        "TVM_NUM_THREADS": str(threads.physical_cores()),
+        "TVM_THREAD_POOL_SPIN_COUNT": "0",
+    }
+    mine = {"TVM_BIND_THREADS": "1", "TVM_NUM_THREADS": "3", "TVM_THREAD_POOL_SPIN_COUNT": "9"}
+    assert threads.configure_tvm_pool(dict(mine)) == mine  # the user's values win
+    assert threads.physical_cores() >= 1
+
+
+def test_compiling_and_running_leaves_affinity_and_torch_threads_as_they_were(tmp_path):
+    """In a fresh interpreter (TVM's pool starts there): compile, run, export, load, run."""
+    script = textwrap.dedent(
+        """
+        import json, os, sys
+        import torch
+        before = (sorted(os.sched_getaffinity(0)), torch.get_num_threads(),
+                  torch.get_num_interop_threads())
+        import numpy as np, plus_tvm
+        cm = plus_tvm.compile("zoo:bert-base-tiny", target="llvm")
+        x = np.random.default_rng(0).integers(0, 100, (1, 16)).astype("int64")
+        cm(x)
+        path = os.path.join(sys.argv[1], "m.so")
+        cm.export_library(path)
+        plus_tvm.load(path)(x)
+        cnn = plus_tvm.compile("zoo:resnet50-tiny", target="llvm")
+        cnn(np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype("float32"))
+        after = (sorted(os.sched_getaffinity(0)), torch.get_num_threads(),
+                 torch.get_num_interop_threads())
+        import tvm_ffi
+        pool = int(tvm_ffi.get_global_func("runtime.NumThreads")())
+        print(json.dumps({"before": before, "after": after, "pool": pool}))
+        """
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TVM_NUM_THREADS", "TVM_BIND_THREADS", "TVM_THREAD_POOL_SPIN_COUNT")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["after"] == got["before"]
+    assert got["pool"] == threads.physical_cores()
+
+
+def test_output_comparison_uses_the_reference():
+    """A backend whose output differs is reported with its error, not hidden."""
+    bench = Bench(_loaded(Small), ["plus"], runs=1, warmup=0, progress=False)
+    ref = np.zeros((2, 8), "float32")
+    good = Backend("plus", times_ms=[1.0], output=ref + 0.5)
+    bench.initial_state = threads.snapshot()
+    bench.reference_name = "torch"
+    bench._reference = lambda by_name: ref  # noqa: SLF001
+    result = bench._summary([good])  # noqa: SLF001
+    assert result["backends"]["plus"]["max_abs_err"] == pytest.approx(0.5)
+    bad_shape = Backend("plus", times_ms=[1.0], output=np.zeros((3,), "float32"))
+    result = bench._summary([bad_shape])  # noqa: SLF001
+    assert result["backends"]["plus"]["status"].startswith("wrong output shape")

@@ -463,17 +463,6 @@ def test_overhead_and_gflops_figures():
     assert small == pytest.approx(us, abs=0.1) and big > small + 100
 
 
-def test_threads_env(monkeypatch):
-    setup = rt._common._ThreadSetup()
-    before = torch.get_num_threads()
-    monkeypatch.setenv(rt._common.THREADS_ENV, "1")
-    try:
-        setup.ensure()
-        assert setup.threads == 1 and torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------------------------------
 # CUDA (skipped without a GPU)
 
