@@ -5,6 +5,7 @@ from .apply_schedule_rules import ApplyScheduleRules
 from .dp_fuse_ops import DPFuseOps
 from .fold_pad_into_conv import FoldPadIntoConv
 from .global_pool_to_mean import GlobalPoolToMean
+from .merge_sibling_linears import MergeSiblingLinears
 from .plus_dispatch import PlusDispatch
 from .propagate_nan import PropagateNaN
 from .rewrite_cuda_graph import RewriteCUDAGraph
@@ -17,6 +18,7 @@ __all__ = [
     "DPFuseOps",
     "FoldPadIntoConv",
     "GlobalPoolToMean",
+    "MergeSiblingLinears",
     "PlusDispatch",
     "PropagateNaN",
     "RewriteCUDAGraph",

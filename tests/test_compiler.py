@@ -91,6 +91,7 @@ def test_stats_contract(small):
         "target": str,
         "pipeline": str,
         "ops": int,
+        "gemm_flops": int,
         "kernels": int,
         "fusion_ratio": float,
         "library_calls": int,
@@ -105,6 +106,7 @@ def test_stats_contract(small):
     assert s["pipeline"] == "plus"
     # linear = permute + matmul + add (x2), gelu, layer_norm
     assert s["ops"] == 8
+    assert s["gemm_flops"] == 2 * 2 * 8 * 16 + 2 * 2 * 16 * 4  # x[2, 8] @ [8, 16], then @ [16, 4]
     assert s["fusion_ratio"] == pytest.approx(s["ops"] / s["kernels"], rel=1e-3)
     assert s["fusion_ratio"] > 1  # fusion happened
     assert s["library_calls"] == 0 and s["patterns"] == {}
@@ -236,6 +238,17 @@ def test_load_in_process_checks_inputs(two_out, tmp_path):
         np.testing.assert_array_equal(got, exp)
     with pytest.raises(InputError, match="input x: expected dtype float32"):
         loaded(x.double(), y)
+
+
+def test_cpu_weights_are_held_once(small, tmp_path):
+    """On the CPU a loaded model's VM runs on the weight tensors it holds: no second copy."""
+    _, x, plus, _ = small
+    cm = plus_tvm.load(plus.export_library(str(tmp_path / "w.so")))
+    np.testing.assert_array_equal(cm(x), plus(x))
+    held = cm._weights  # noqa: SLF001
+    placed = cm._current_weights()  # noqa: SLF001
+    assert len(placed) == len(held) > 0
+    assert all(isinstance(b, tvm.runtime.Tensor) and a is b for a, b in zip(placed, held))
 
 
 def test_load_errors(two_out, tmp_path):

@@ -390,6 +390,42 @@ def test_prepack_once_and_no_collisions():
     assert len(cache) == 0
 
 
+@pytest.mark.parametrize("rows", [2, 64])  # below and above ONEDNN_MIN_FLOPS
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_parts_is_the_concatenation_of_its_parts(rows, layout, bias):
+    rt.clear_caches()
+    kernel = rt.KERNELS["plus.linear"]
+    x = rand(rows, 128)
+    sizes = (96, 128, 40)
+    ws = [rand(n, 128) for n in sizes]
+    bs = [rand(n) for n in sizes]
+    args = [w if layout == "nk" else w.t().contiguous() for w in ws]
+    cfg = f"w={layout};parts=3;act=gelu;bias={int(bias)}"
+    expected = torch.cat(
+        [F.gelu(F.linear(x, w, b if bias else None)) for w, b in zip(ws, bs)], dim=-1
+    )
+    for _ in range(4):  # first sighting (joined per call), then packed / cached
+        out = torch.empty(rows, sum(sizes))
+        kernel.call(x, *args, *(bs if bias else []), config=cfg, out=out)
+        close(out, expected)
+    joined = [k for k in kernel.cache.entries if k[0] == "joined"]
+    assert len(joined) == 1
+    # a part replaced (forgotten by address): its joined form goes with it
+    kernel.cache.forget(args[1].data_ptr())
+    assert not [k for k in kernel.cache.entries if k[0] == "joined"]
+    with pytest.raises(ValueError, match="residual cannot be added"):
+        kernel.call(
+            x,
+            *args,
+            x,
+            config="parts=3;w=" + layout + ";residual=1",
+            out=torch.empty(rows, sum(sizes)),
+        )
+    with pytest.raises(ValueError, match="disagree on K"):
+        kernel.call(x, ws[0], rand(8, 64), config="parts=2", out=torch.empty(rows, 104))
+
+
 def test_prepack_cache_keys_and_keeps_source_alive():
     cache = rt.PrepackCache("test", pack_after=1)
     w = torch.randn(4, 4)

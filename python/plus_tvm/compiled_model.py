@@ -185,13 +185,18 @@ class CompiledModel:
                 )
         with self._lock:
             if self._device_weights is None:
-                self._device_weights = [
-                    tvm.runtime.tensor(_as_numpy(p), self.device) for p in self._weights
-                ]
+                self._device_weights = [self._placed(p) for p in self._weights]
             for i, source in enumerate(self._sources):
                 if source is not None and source.version() != self._versions[i]:
                     self._refresh(i, source)
             return list(self._device_weights)
+
+    def _placed(self, weight: object) -> tvm.runtime.Tensor:
+        """``weight`` on the device: a TVM tensor already there is used as it is (never copied:
+        a CPU model would otherwise hold every weight twice), anything else is copied once."""
+        if isinstance(weight, tvm.runtime.Tensor) and weight.device == self.device:
+            return weight
+        return tvm.runtime.tensor(_as_numpy(weight), self.device)
 
     def _refresh(self, i: int, source: WeightSource) -> None:
         """Copy weight ``i`` from its torch tensor again, into a new device buffer: library

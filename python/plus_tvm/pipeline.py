@@ -67,7 +67,12 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         # as the WarehouseError naming the file and line (TVM's pass manager would turn it
         # into a bare RuntimeError)
         warehouse = load_warehouse(options.warehouse)
-        passes += [PlusDispatch(warehouse=warehouse, cost=cost), SimplifyViews()]
+        passes.append(PlusDispatch(warehouse=warehouse, cost=cost))
+        if options.merge_linears:
+            from .passes import MergeSiblingLinears
+
+            passes.append(MergeSiblingLinears())
+        passes.append(SimplifyViews())
     return passes + list(relax.pipeline.library_dispatch_passes(target))
 
 

@@ -14,8 +14,9 @@ Protocol: one JSON command per line on stdin, one JSON reply per line on the res
 
 * at start, unasked: ``{"ready": true, "setup_s", "state": <thread state at start>}`` or
   ``{"ready": false, "error"}``;
-* ``{"cmd": "run", "n": N, "keep": bool}``: N runs back to back; reply ``{"times_ms": [...]}``
-  (``keep``: the first run's outputs are saved to ``WORKDIR/output.npz``) or ``{"error"}``;
+* ``{"cmd": "run", "n": N, "keep": bool, "rewarm": R}``: R untimed runs, then N timed runs
+  back to back; reply ``{"times_ms": [...]}`` (``keep``: the first timed run's outputs are saved
+  to ``WORKDIR/output.npz``) or ``{"error"}``;
 * ``{"cmd": "memory_mark"}``: the peak resident size is reset (``/proc/self/clear_refs``), so
   the next ``finish`` reports the peak of the runs after it;
 * ``{"cmd": "finish"}``: reply ``{"state", "memory", "threads"}`` and exit.
@@ -192,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         if cmd["cmd"] == "run":
             times = []
             try:
+                for _ in range(int(cmd.get("rewarm", 0))):
+                    runner.fn()
                 for i in range(int(cmd["n"])):
                     t0 = time.perf_counter()
                     out = runner.fn()

@@ -26,6 +26,23 @@ import tvm_ffi
 # config strings
 
 
+def format_config(config: dict[str, object]) -> str:
+    """``key=value`` pairs joined by ``;`` (sorted by key): the text :meth:`ConfigSpec.parse`
+    reads. Booleans are ``0|1``, sequences comma-separated integers."""
+
+    def fmt(v: object) -> str:
+        if isinstance(v, bool):
+            return str(int(v))
+        if isinstance(v, float):
+            return repr(v)
+        if isinstance(v, (tuple, list)):
+            return ",".join(str(int(x)) for x in v)
+        return str(v)
+
+    return ";".join(f"{k}={fmt(v)}" for k, v in sorted(config.items()))
+
+
+
 class Field:
     """One config key: a parser from its text to a value, and the default when absent."""
 
@@ -307,6 +324,19 @@ class PrepackCache:
             self.bytes -= dropped
         return packed
 
+    def get_joined(
+        self,
+        tensors: Sequence[torch.Tensor],
+        variant: tuple,
+        pack: Callable[[Sequence[torch.Tensor]], Any],
+    ):
+        """:meth:`get` for a form made of several tensors (sibling weights concatenated into
+        one GEMM): keyed by the identity of every part, and holding every part alive, so a
+        part freed and its address reused can never meet the old packing."""
+        key = ("joined", *(self.key(t, variant) for t in tensors))
+        with self.lock:
+            return self._get(key, tuple(tensors), pack)
+
     def discard(self, tensor: torch.Tensor, variant: tuple) -> None:
         """Drop the entry of ``tensor`` packed as ``variant``, if any."""
         with self.lock:
@@ -317,9 +347,9 @@ class PrepackCache:
     def forget(self, data_ptr: int) -> None:
         """Drop every entry (and sighting) of the tensor at ``data_ptr``, in any variant."""
         with self.lock:
-            for key in [k for k in self.entries if k[0] == data_ptr]:
+            for key in [k for k in self.entries if _uses(k, data_ptr)]:
                 self.bytes -= self.entries.pop(key)[2]
-            for key in [k for k in self.seen if k[0] == data_ptr]:
+            for key in [k for k in self.seen if _uses(k, data_ptr)]:
                 del self.seen[key]
 
     def clear(self) -> None:
@@ -363,6 +393,13 @@ def _onednn_dtypes() -> tuple[torch.dtype, ...]:
 
 
 ONEDNN_DTYPES = _onednn_dtypes()
+
+
+def _uses(key: tuple, data_ptr: int) -> bool:
+    """Whether a :class:`PrepackCache` key is (or, joined, has a part) at ``data_ptr``."""
+    if key[0] == "joined":
+        return any(part[0] == data_ptr for part in key[1:])
+    return key[0] == data_ptr
 
 
 def onednn_usable(*tensors: torch.Tensor) -> bool:

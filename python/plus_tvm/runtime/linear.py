@@ -3,7 +3,12 @@
 Call: ``plus.linear(x, w, [bias], [residual], config, out)``; ``x`` is ``[..., K]``, ``w`` is
 ``[N, K]`` (``w=nk``, as ``nn.Linear``) or ``[K, N]`` (``w=kn``), ``bias`` is ``[N]``,
 ``residual`` is ``[..., N]``. Keys: ``w=nk|kn``, ``bias=0|1``, ``residual=0|1``,
-``act=none|relu|gelu|gelu_tanh|silu|sigmoid|tanh``, ``prepack=1|0``.
+``act=none|relu|gelu|gelu_tanh|silu|sigmoid|tanh``, ``prepack=1|0``, ``parts=<int>``.
+
+``parts=P`` (sibling linears on one input, e.g. Q/K/V, merged by ``MergeSiblingLinears``):
+``plus.linear(x, w_1..w_P, [b_1..b_P], config, out)`` computes ``x @ [W_1; ...; W_P]`` (+ the
+biases) into ``out`` ``[..., N_1 + ... + N_P]`` as one GEMM; the joined weight is built and
+packed once (keyed by every part, see ``PrepackCache.get_joined``). No residual with P > 1.
 
 CPU fp32 runs oneDNN's ``_linear_pointwise`` on a weight reordered once into its blocked layout
 (about 2.5x MKL's ``F.linear`` at BERT shapes), with the activation or the residual add fused
@@ -27,6 +32,7 @@ from ._common import (
     apply_activation_,
     choice,
     flag,
+    integer,
     onednn_usable,
     write_out,
 )
@@ -43,6 +49,7 @@ LINEAR_SPEC = ConfigSpec(
     residual=flag(),
     act=choice(*ACTIVATIONS),
     prepack=flag(True),
+    parts=integer(1),
 )
 
 
@@ -149,24 +156,84 @@ def generic_linear(
 
 
 class Linear(LibraryKernel):
-    """``plus.linear(x, w, [bias], [residual], config, out)``."""
+    """``plus.linear(x, w, [bias], [residual], config, out)``; with ``parts=P``:
+    ``plus.linear(x, w_1..w_P, [b_1..b_P], config, out)``."""
 
     name = "plus.linear"
     spec = LINEAR_SPEC
 
     def num_inputs(self, cfg) -> int:
-        return 2 + cfg.bias + cfg.residual
+        return 1 + cfg.parts * (1 + cfg.bias) + cfg.residual
+
+    @staticmethod
+    def _split(cfg, inputs: Sequence[torch.Tensor]):
+        """(x, weights, biases or None, residual or None)."""
+        p = cfg.parts
+        weights = list(inputs[1 : 1 + p])
+        biases = list(inputs[1 + p : 1 + 2 * p]) if cfg.bias else None
+        residual = inputs[-1] if cfg.residual else None
+        return inputs[0], weights, biases, residual
+
+    def check(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+        if cfg.parts < 1:
+            raise ValueError(f"{self.name}: parts must be at least 1, got {cfg.parts}")
+        if cfg.parts > 1 and cfg.residual:
+            raise ValueError(f"{self.name}: a residual cannot be added to {cfg.parts} parts")
 
     def out_shape(self, cfg, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
-        return linear_out_shape(self.name, cfg.w, inputs[0], inputs[1])
+        x, weights, _, _ = self._split(cfg, inputs)
+        shapes = [linear_out_shape(self.name, cfg.w, x, w) for w in weights]
+        return (*shapes[0][:-1], sum(s[-1] for s in shapes))
+
+    def _joined(self, cfg, x: torch.Tensor, weights: list, out: torch.Tensor):
+        """The parts as one ``[N, K]`` weight: packed (cached) on the oneDNN path, else the
+        plain concatenation (cached). ``None`` for the oneDNN path's first sighting."""
+
+        def nk(w: torch.Tensor) -> torch.Tensor:
+            return w if cfg.w == "nk" else w.t()
+
+        if use_onednn(x, weights[0], out) and cfg.prepack:
+            rows = x.numel() // max(x.shape[-1], 1)
+            return self.cache.get_joined(
+                weights,
+                ("linear-joined", cfg.w, rows),
+                lambda ws: torch.ops.mkldnn._reorder_linear_weight(
+                    torch.cat([nk(w) for w in ws]).contiguous(), rows
+                ),
+            )
+        if not cfg.prepack:
+            return None
+        return self.cache.get_joined(
+            weights, ("linear-joined-plain", cfg.w), lambda ws: torch.cat([nk(w) for w in ws])
+        )
 
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
-        x, w = inputs[0], inputs[1]
-        rest = list(inputs[2:])
-        bias = rest.pop(0) if cfg.bias else None
-        residual = rest.pop(0) if cfg.residual else None
-        if use_onednn(x, w, out):
-            cache = self.cache if cfg.prepack else None
-            write_out(out, onednn_linear(cache, x, w, cfg.w, bias, residual, cfg.act))
+        x, weights, biases, residual = self._split(cfg, inputs)
+        if cfg.parts == 1:
+            w, layout = weights[0], cfg.w
+            bias = biases[0] if biases else None
+            prepared = None
         else:
-            generic_linear(x, w, cfg.w, bias, residual, cfg.act, out)
+            bias = torch.cat(biases) if biases else None
+            prepared = self._joined(cfg, x, weights, out)
+            if prepared is None:  # first sighting, or prepack=0: join for this call only
+                parts = [w if cfg.w == "nk" else w.t() for w in weights]
+                w, layout = torch.cat(parts).contiguous(), "nk"
+            else:
+                w, layout = prepared, "nk"
+        if use_onednn(x, weights[0], out):
+            if cfg.parts > 1 and prepared is not None and cfg.prepack:
+                write_out(out, onednn_joined(x, prepared, bias, cfg.act))
+                return
+            cache = self.cache if cfg.prepack and cfg.parts == 1 else None
+            write_out(out, onednn_linear(cache, x, w, layout, bias, residual, cfg.act))
+        else:
+            generic_linear(x, w, layout, bias, residual, cfg.act, out)
+
+
+def onednn_joined(x: torch.Tensor, packed: torch.Tensor, bias, act: str) -> torch.Tensor:
+    """``act(x @ W + bias)`` on an already packed (joined) weight."""
+    attr, algorithm = ONEDNN_UNARY[act]
+    return torch.ops.mkldnn._linear_pointwise(
+        x.contiguous(), packed, bias, attr, ONEDNN_SCALARS.get(act, []), algorithm
+    )

@@ -17,6 +17,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from ...runtime._common import format_config
 from ..opgraph import OpGraph
 
 VIEW_OPS = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten"}
@@ -47,16 +48,7 @@ class LibraryCall:
     extra: list[int] = field(default_factory=list)
 
     def config_text(self) -> str:
-        def fmt(v: object) -> str:
-            if isinstance(v, bool):
-                return str(int(v))
-            if isinstance(v, float):
-                return repr(v)
-            if isinstance(v, (tuple, list)):
-                return ",".join(str(int(x)) for x in v)
-            return str(v)
-
-        return ";".join(f"{k}={fmt(v)}" for k, v in sorted(self.config.items()))
+        return format_config(self.config)
 
 
 class Ctx:
