@@ -18,6 +18,8 @@ SHAPES = ((128, 768, 3072), (128, 3072, 768), (128, 768, 2304), (512, 1024, 4096
 
 
 def _median_s(fn, runs: int = 20) -> float:
+    # (plus_tvm.runtime.perf.time_us does the same, but importing plus_tvm here would bring
+    # TVM and its thread policy into a process meant to hold torch alone)
     for _ in range(5):
         fn()
     times = []

@@ -80,34 +80,28 @@ class _Runner:
         prepared = cm.prepare(*inputs)
         return lambda: cm.run_prepared(prepared)
 
-    def _torch_module(self, artifact: str):
+    @staticmethod
+    def _torch_runner(module, inputs: list[np.ndarray]):
         import torch
 
-        return torch.load(artifact, weights_only=False)
+        args = tuple(torch.from_numpy(x) for x in inputs)
+
+        def run():
+            with torch.inference_mode():
+                return module(*args)
+
+        return run
 
     def _torch(self, artifact: str, inputs: list[np.ndarray]):
         import torch
 
-        module = self._torch_module(artifact)
-        args = tuple(torch.from_numpy(x) for x in inputs)
-
-        def run():
-            with torch.inference_mode():
-                return module(*args)
-
-        return run
+        return self._torch_runner(torch.load(artifact, weights_only=False), inputs)
 
     def _torch_compile(self, artifact: str, inputs: list[np.ndarray]):
         import torch
 
-        module = torch.compile(self._torch_module(artifact))
-        args = tuple(torch.from_numpy(x) for x in inputs)
-
-        def run():
-            with torch.inference_mode():
-                return module(*args)
-
-        return run
+        module = torch.compile(torch.load(artifact, weights_only=False))  # its defaults
+        return self._torch_runner(module, inputs)
 
     def _onnxruntime(self, artifact: str, inputs: list[np.ndarray]):
         import onnxruntime as ort
