@@ -85,7 +85,7 @@ def _runtime_threads() -> int:
 def cpu_machine(target: tvm.target.Target, figures: dict | None = None) -> Machine:
     cores = int(target.attrs.get("num-cores", 0) or os.cpu_count() or 1)
     # parallel loops run on the runtime's thread pool, which may be smaller than the target's
-    # cores (TVM sizes it at start-up from TVM_NUM_THREADS, by default half the x86 threads)
+    # cores (TVM sizes it at start-up from TVM_NUM_THREADS; plus_tvm.threads sets every core)
     cores = max(1, min(cores, _runtime_threads() or cores))
     lanes = _cpu_lanes(target)
     f = dict(_CPU_DEFAULT)
@@ -217,8 +217,8 @@ def measure_cpu(target: tvm.target.Target, store: bool = True, seconds: float = 
     core, repeated) with a parallel, vectorized TVM copy kernel; store them when asked."""
     import numpy as np
 
-    # with the runtime's thread pool as it is: TVM sizes it at start-up (``TVM_NUM_THREADS``;
-    # by default half the hardware threads on x86), and kernels will run on that pool
+    # with the runtime's thread pool as it is: TVM sizes it at start-up (``TVM_NUM_THREADS``,
+    # which plus_tvm.threads sets to the physical cores), and kernels will run on that pool
     cores = int(target.attrs.get("num-cores", 1) or 1)
 
     dev = tvm.cpu()
