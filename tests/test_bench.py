@@ -251,3 +251,24 @@ def test_output_comparison_uses_the_reference():
     bad_shape = Backend("plus", times_ms=[1.0], output=np.zeros((3,), "float32"))
     result = bench._summary([bad_shape])  # noqa: SLF001
     assert result["backends"]["plus"]["status"].startswith("wrong output shape")
+
+
+def test_an_interrupted_bench_leaves_no_worker_behind(monkeypatch):
+    import plus_tvm.bench.driver as driver
+
+    started = []
+    real = driver._Worker.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        started.append(self)
+
+    def interrupt(self, backends):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver._Worker, "__init__", spy)
+    monkeypatch.setattr(driver.Bench, "_time", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        Bench(_loaded(Small), ["plus", "torch"], runs=2, warmup=0, progress=False).run()
+    assert len(started) == 2
+    assert all(w.proc.poll() is not None for w in started)  # every worker process is gone

@@ -393,9 +393,14 @@ class Bench:
                     if b.status == "ok":
                         self._start(b, workdir, inputs_path)
                 self._time(ordered)
-            finally:
                 for b in ordered:
                     self._finish(b)
+            finally:  # interrupted or failed: no worker outlives the bench
+                for b in ordered:
+                    if b.worker is not None:
+                        b.worker.kill()
+                        b.worker.close()
+                        b.worker = None
         return self._summary(ordered)
 
     def _time(self, backends: list[Backend]) -> None:
