@@ -281,3 +281,51 @@ def test_compile_for_cuda_without_gpu_is_clear(tmp_path):
     assert compiled.stats["kernels"] >= 1
     with pytest.raises(PlusError, match="no cuda"):
         compiled(np.zeros((2, 4), dtype="float32"))
+
+
+class Tied(torch.nn.Module):
+    """An embedding and an output projection that share one weight (GPT-2's wte / lm_head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.mid = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.mid(self.emb(ids))))
+
+
+def test_tied_weights_are_held_placed_and_exported_once(tmp_path):
+    torch.manual_seed(0)
+    model = Tied().eval()
+    ids = torch.randint(0, 50, (2, 7))
+    cm = plus_tvm.compile(model, "llvm", (ids,))
+    with torch.no_grad():
+        expected = model(ids).numpy()
+    np.testing.assert_allclose(cm(ids), expected, rtol=1e-5, atol=1e-5)
+    held = cm._weights  # noqa: SLF001
+    shared = [(i, j) for i in range(len(held)) for j in range(i) if held[i] is held[j]]
+    assert len(shared) == 1  # the embedding table and the head: one object
+    placed = cm._current_weights()  # noqa: SLF001
+    i, j = shared[0]
+    assert placed[i] is placed[j]
+    lib = cm.export_library(str(tmp_path / "tied.so"))
+    meta = json.loads((tmp_path / "tied.so.json").read_text())
+    assert meta["aliases"] == {str(i): j}
+    table = tvm.runtime.load_param_dict((tmp_path / "tied.so.params").read_bytes())
+    assert len(table) == len(held) - 1
+    again = plus_tvm.load(lib)
+    assert again._weights[i] is again._weights[j]  # noqa: SLF001
+    np.testing.assert_allclose(again(ids), expected, rtol=1e-5, atol=1e-5)
+    # the tied torch weight updated in place: both uses see the new values
+    with torch.no_grad():
+        model.emb.weight.mul_(0.5)
+        expected = model(ids).numpy()
+    np.testing.assert_allclose(cm(ids), expected, rtol=1e-5, atol=1e-5)
+    # a damaged alias table is a clear load error
+    meta["aliases"] = {str(j): i} if i > j else {"0": 5}
+    (tmp_path / "tied.so.json").write_text(json.dumps(meta))
+    with pytest.raises(ModelLoadError, match="aliases"):
+        plus_tvm.load(lib)

@@ -185,7 +185,11 @@ class CompiledModel:
                 )
         with self._lock:
             if self._device_weights is None:
-                self._device_weights = [self._placed(p) for p in self._weights]
+                placed: dict[int, tvm.runtime.Tensor] = {}  # a tied weight is placed once
+                for p in self._weights:
+                    if id(p) not in placed:
+                        placed[id(p)] = self._placed(p)
+                self._device_weights = [placed[id(p)] for p in self._weights]
             for i, source in enumerate(self._sources):
                 if source is not None and source.version() != self._versions[i]:
                     self._refresh(i, source)
@@ -253,7 +257,14 @@ class CompiledModel:
             probe_writable(name)
         with self._lock:
             weights = list(self._weights)
-        params = {f"p{i}": tvm.runtime.tensor(_as_numpy(p)) for i, p in enumerate(weights)}
+        first: dict[int, int] = {}  # id of a weight object -> its first position
+        aliases = {i: first.setdefault(id(p), i) for i, p in enumerate(weights)}
+        aliases = {i: j for i, j in aliases.items() if i != j}  # tied weights: stored once
+        params = {
+            f"p{i}": tvm.runtime.tensor(_as_numpy(p))
+            for i, p in enumerate(weights)
+            if i not in aliases
+        }
         blob = tvm.runtime.save_param_dict(params)
         try:
             self.executable.export_library(path)
@@ -264,6 +275,7 @@ class CompiledModel:
                 "target": json.loads(str(self.target)),
                 "inputs": [s.to_dict() for s in self.inputs],
                 "num_params": len(weights),
+                "aliases": {str(i): j for i, j in aliases.items()},
                 "sha256": {"library": _sha256_file(path), "params": _sha256(blob)},
                 "stats": self.stats,
             }
@@ -312,9 +324,12 @@ def load(path: str) -> CompiledModel:
         digests = dict(meta["sha256"])
         inputs = [InputSpec.from_dict(d) for d in meta["inputs"]]
         num_params = int(meta["num_params"])
+        aliases = {int(i): int(j) for i, j in dict(meta.get("aliases", {})).items()}
         target = tvm.target.Target(meta["target"])
-    except (KeyError, TypeError, *TVM_REFUSAL) as err:
+    except (KeyError, TypeError, ValueError, *TVM_REFUSAL) as err:
         raise ModelLoadError(f"{path}.json is incomplete or malformed: {err!r}") from None
+    if any(not 0 <= j < i < num_params for i, j in aliases.items()):
+        raise ModelLoadError(f"{path}.json is malformed: bad weight aliases {aliases}")
     if _sha256_file(path) != digests.get("library"):
         raise ModelLoadError(
             f"{path} does not match {path}.json (sha256 differs): the library was replaced, "
@@ -329,7 +344,9 @@ def load(path: str) -> CompiledModel:
         )
     try:
         table = tvm.runtime.load_param_dict(blob)
-        params = [table[f"p{i}"] for i in range(num_params)]
+        params = []
+        for i in range(num_params):  # a tied weight is the same tensor as its first use
+            params.append(params[aliases[i]] if i in aliases else table[f"p{i}"])
     except (KeyError, *TVM_REFUSAL) as err:
         raise ModelLoadError(f"{path}.params cannot be read: {_last_line(err)}") from None
     try:
@@ -340,6 +357,23 @@ def load(path: str) -> CompiledModel:
 
 
 # ----------------------------------------------------------------------------------- helpers
+def share_tied_weights(params: list, sources: Sequence[WeightSource | None]) -> list:
+    """``params`` with every weight whose torch source shares storage, shape and strides with
+    an earlier one (tied weights: GPT-2's embedding and LM head) replaced by that earlier
+    weight object, so that it is held, placed and exported once."""
+    first: dict[tuple, int] = {}
+    out = list(params)
+    for i, source in enumerate(sources):
+        t = getattr(source, "tensor", None)
+        if t is None or not hasattr(t, "data_ptr"):
+            continue
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device))
+        j = first.setdefault(key, i)
+        if j != i:
+            out[i] = out[j]
+    return out
+
+
 def probe_writable(path: str) -> None:
     """Raise :class:`OutputWriteError` unless ``path`` can be created or overwritten.
 

@@ -16,7 +16,14 @@ import time
 import tvm
 
 from . import interrupt
-from .compiled_model import CompiledModel, InputSpec, WeightSource, input_specs, load
+from .compiled_model import (
+    CompiledModel,
+    InputSpec,
+    WeightSource,
+    input_specs,
+    load,
+    share_tied_weights,
+)
 from .errors import InternalCompileError, ModelLoadError, OutputWriteError, PlusError
 from .frontend import num_inputs
 from .loader import LoadedModel, load_model
@@ -236,6 +243,7 @@ def _compile(
         WeightSource(*loaded.weight_tensors[n]) if n in loaded.weight_tensors else None
         for n in weight_names
     ]
+    params = share_tied_weights(params, sources)
     baked = [WeightSource(name, tensor) for name, tensor in loaded.baked_tensors]
     return CompiledModel(
         executable, tgt, params, input_specs(loaded.mod), stats, loaded, sources, baked

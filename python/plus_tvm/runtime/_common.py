@@ -42,7 +42,6 @@ def format_config(config: dict[str, object]) -> str:
     return ";".join(f"{k}={fmt(v)}" for k, v in sorted(config.items()))
 
 
-
 class Field:
     """One config key: a parser from its text to a value, and the default when absent."""
 
