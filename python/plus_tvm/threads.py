@@ -26,7 +26,6 @@ the benchmark use to prove that compiling and running a model leaves the process
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 BIND_ENV = "TVM_BIND_THREADS"
 NUM_ENV = "TVM_NUM_THREADS"
@@ -93,38 +92,29 @@ def configure_tvm_pool(environ: dict | None = None) -> dict[str, str]:
     return {key: env[key] for key in (BIND_ENV, NUM_ENV, SPIN_ENV)}
 
 
-@dataclass(frozen=True)
-class ThreadState:
-    """What a process's parallel libraries see: its CPU affinity and torch's thread counts."""
-
-    affinity: tuple[int, ...]
-    torch_threads: int | None
-    torch_interop_threads: int | None
-
-    def changes_from(self, before: ThreadState) -> list[str]:
-        """Human-readable differences from ``before`` (empty when nothing changed)."""
-        out = []
-        for name in ("affinity", "torch_threads", "torch_interop_threads"):
-            a, b = getattr(before, name), getattr(self, name)
-            if a is not None and b is not None and a != b:
-                out.append(f"{name} {_show(a)} -> {_show(b)}")
-        return out
+STATE_KEYS = ("affinity", "torch_threads", "torch_interop_threads")
 
 
-def _show(value: object) -> str:
-    if isinstance(value, tuple):
-        return "{" + ",".join(map(str, value)) + "}"
-    return str(value)
-
-
-def snapshot() -> ThreadState:
-    """The current :class:`ThreadState`; torch's counts only if torch is already imported."""
+def snapshot() -> dict:
+    """What the process's parallel libraries see: its CPU affinity (sorted list) and torch's
+    thread counts (``None`` while torch is not imported). The bench's worker script reports the
+    same keys (it cannot import plus_tvm)."""
     import sys
 
     allowed = _allowed()
     torch = sys.modules.get("torch")
-    return ThreadState(
-        affinity=tuple(sorted(allowed)) if allowed is not None else (),
-        torch_threads=torch.get_num_threads() if torch is not None else None,
-        torch_interop_threads=torch.get_num_interop_threads() if torch is not None else None,
-    )
+    return {
+        "affinity": sorted(allowed) if allowed is not None else [],
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
+        "torch_interop_threads": torch.get_num_interop_threads() if torch is not None else None,
+    }
+
+
+def state_changes(before: dict, after: dict) -> list[str]:
+    """What differs between two :func:`snapshot` states (a ``None`` count is not compared)."""
+    out = []
+    for key in STATE_KEYS:
+        a, b = before.get(key), after.get(key)
+        if a is not None and b is not None and a != b:
+            out.append(f"{key} {a} -> {b}")
+    return out

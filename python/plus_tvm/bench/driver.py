@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import PlusError
 from ..loader import LoadedModel, load_model, random_inputs
 from ..options import Options
-from ..threads import snapshot
+from ..threads import snapshot, state_changes
 
 BACKENDS = ("plus", "tvm", "torch", "torch-compile", "onnxruntime")
 
@@ -159,16 +159,6 @@ def _short(err: BaseException) -> str:
 def _check_count(name: str, value: object, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise BenchError(f"{name} must be an integer of at least {least}, got {value!r}")
-
-
-def state_changes(before: dict, after: dict) -> list[str]:
-    """What differs between two worker states (affinity, torch's thread counts)."""
-    out = []
-    for key in ("affinity", "torch_threads", "torch_interop_threads"):
-        a, b = before.get(key), after.get(key)
-        if a is not None and b is not None and a != b:
-            out.append(f"{key} {a} -> {b}")
-    return out
 
 
 class Bench:
@@ -418,8 +408,9 @@ class Bench:
                     n = max(1, min(size, int((self.budget_s - b.spent_s) / max(mean_s, 1e-9))))
                 time.sleep(SETTLE_S)
                 # one untimed run first: the other backends' blocks have evicted this one's
-                # weights and code from the caches since its last block (measured: ResNet-50
-                # 65-92 ms interleaved without it, 56 ms in one block)
+                # weights and code from the caches since its last block, and a user's loop
+                # runs warm (on this noisy 2-core VM the effect stayed within the noise);
+                # skipped for a backend already past half its budget (a slow one)
                 rewarm = REWARM_RUNS if b.times_ms and b.spent_s < self.budget_s / 2 else 0
                 self._ask_run(b, n, keep=b.output is None, timed=True, rewarm=rewarm)
                 bar.update(size)
@@ -448,9 +439,9 @@ class Bench:
         return None
 
     def _validity(self, backends: list[Backend]) -> list[str]:
-        bench_affinity = list(self.initial_state.affinity)
+        bench_affinity = self.initial_state["affinity"]
         invalid = []
-        changed = snapshot().changes_from(self.initial_state)
+        changed = state_changes(self.initial_state, snapshot())
         if changed:
             invalid.append(f"the bench process itself: {', '.join(changed)}")
         for b in backends:
@@ -517,9 +508,9 @@ class Bench:
             "target": self.stats.get("target"),
             "reference": self.reference_name,
             "environment": {
-                "affinity": list(self.initial_state.affinity),
-                "cores": len(self.initial_state.affinity),
-                "torch_threads_in_bench": self.initial_state.torch_threads,
+                "affinity": self.initial_state["affinity"],
+                "cores": len(self.initial_state["affinity"]),
+                "torch_threads_in_bench": self.initial_state["torch_threads"],
                 "settle_s": SETTLE_S,
             },
             "invalid": invalid,

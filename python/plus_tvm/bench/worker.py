@@ -38,6 +38,7 @@ import numpy as np
 
 
 def _state() -> dict:
+    # plus_tvm.threads.snapshot's keys (this script must not import plus_tvm)
     torch = sys.modules.get("torch")
     return {
         "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],

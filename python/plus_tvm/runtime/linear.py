@@ -85,6 +85,17 @@ def onednn_linear(
         weight = (w if layout == "nk" else w.t()).contiguous()
     else:
         weight = packed_linear_weight(cache, w, layout, rows)
+    return onednn_apply(x, weight, bias, residual, act)
+
+
+def onednn_apply(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    act: str,
+) -> torch.Tensor:
+    """``act(x @ W + bias) + residual`` on ``weight``, oneDNN's packed or a plain ``[N, K]``."""
     x = x.contiguous()
     if (
         residual is not None
@@ -185,55 +196,42 @@ class Linear(LibraryKernel):
         shapes = [linear_out_shape(self.name, cfg.w, x, w) for w in weights]
         return (*shapes[0][:-1], sum(s[-1] for s in shapes))
 
-    def _joined(self, cfg, x: torch.Tensor, weights: list, out: torch.Tensor):
-        """The parts as one ``[N, K]`` weight: packed (cached) on the oneDNN path, else the
-        plain concatenation (cached). ``None`` for the oneDNN path's first sighting."""
+    def _joined(self, cfg, x: torch.Tensor, weights: list, onednn: bool) -> torch.Tensor:
+        """The parts as one weight: oneDNN's packed ``[N, K]`` on the oneDNN path, else the
+        plain ``[N, K]`` concatenation; cached (keyed by every part) once seen twice, joined
+        for this call only before that or with ``prepack=0``."""
 
-        def nk(w: torch.Tensor) -> torch.Tensor:
-            return w if cfg.w == "nk" else w.t()
+        def nk_cat(ws: Sequence[torch.Tensor]) -> torch.Tensor:
+            return torch.cat([w if cfg.w == "nk" else w.t() for w in ws]).contiguous()
 
-        if use_onednn(x, weights[0], out) and cfg.prepack:
-            rows = x.numel() // max(x.shape[-1], 1)
-            return self.cache.get_joined(
-                weights,
-                ("linear-joined", cfg.w, rows),
-                lambda ws: torch.ops.mkldnn._reorder_linear_weight(
-                    torch.cat([nk(w) for w in ws]).contiguous(), rows
-                ),
-            )
-        if not cfg.prepack:
-            return None
-        return self.cache.get_joined(
-            weights, ("linear-joined-plain", cfg.w), lambda ws: torch.cat([nk(w) for w in ws])
-        )
+        if cfg.prepack:
+            if onednn:
+                rows = x.numel() // max(x.shape[-1], 1)
+                variant = ("linear-joined", cfg.w, rows)
+
+                def pack(ws: Sequence[torch.Tensor]) -> torch.Tensor:
+                    return torch.ops.mkldnn._reorder_linear_weight(nk_cat(ws), rows)
+            else:
+                variant, pack = ("linear-joined-plain", cfg.w), nk_cat
+            joined = self.cache.get_joined(weights, variant, pack)
+            if joined is not None:
+                return joined
+        return nk_cat(weights)
 
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         x, weights, biases, residual = self._split(cfg, inputs)
+        onednn = use_onednn(x, weights[0], out)
         if cfg.parts == 1:
             w, layout = weights[0], cfg.w
             bias = biases[0] if biases else None
-            prepared = None
-        else:
-            bias = torch.cat(biases) if biases else None
-            prepared = self._joined(cfg, x, weights, out)
-            if prepared is None:  # first sighting, or prepack=0: join for this call only
-                parts = [w if cfg.w == "nk" else w.t() for w in weights]
-                w, layout = torch.cat(parts).contiguous(), "nk"
-            else:
-                w, layout = prepared, "nk"
-        if use_onednn(x, weights[0], out):
-            if cfg.parts > 1 and prepared is not None and cfg.prepack:
-                write_out(out, onednn_joined(x, prepared, bias, cfg.act))
+            if onednn:
+                cache = self.cache if cfg.prepack else None
+                write_out(out, onednn_linear(cache, x, w, layout, bias, residual, cfg.act))
                 return
-            cache = self.cache if cfg.prepack and cfg.parts == 1 else None
-            write_out(out, onednn_linear(cache, x, w, layout, bias, residual, cfg.act))
         else:
-            generic_linear(x, w, layout, bias, residual, cfg.act, out)
-
-
-def onednn_joined(x: torch.Tensor, packed: torch.Tensor, bias, act: str) -> torch.Tensor:
-    """``act(x @ W + bias)`` on an already packed (joined) weight."""
-    attr, algorithm = ONEDNN_UNARY[act]
-    return torch.ops.mkldnn._linear_pointwise(
-        x.contiguous(), packed, bias, attr, ONEDNN_SCALARS.get(act, []), algorithm
-    )
+            w, layout = self._joined(cfg, x, weights, onednn), "nk"
+            bias = torch.cat(biases) if biases else None
+            if onednn:
+                write_out(out, onednn_apply(x, w, bias, residual, cfg.act))
+                return
+        generic_linear(x, w, layout, bias, residual, cfg.act, out)
