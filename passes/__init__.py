@@ -3,6 +3,7 @@
 from .annotate_map_pattern import AnnotateMapPattern
 from .apply_schedule_rules import ApplyScheduleRules
 from .dp_fuse_ops import DPFuseOps
+from .expand_integer_power import ExpandIntegerPower
 from .fold_pad_into_conv import FoldPadIntoConv
 from .global_pool_to_mean import GlobalPoolToMean
 from .merge_sibling_linears import MergeSiblingLinears
@@ -16,6 +17,7 @@ __all__ = [
     "AnnotateMapPattern",
     "ApplyScheduleRules",
     "DPFuseOps",
+    "ExpandIntegerPower",
     "FoldPadIntoConv",
     "GlobalPoolToMean",
     "MergeSiblingLinears",

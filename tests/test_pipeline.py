@@ -114,10 +114,16 @@ def test_phase_contents_follow_target_and_options():
     )
     assert _pass_names(phases["fuse"](llvm, Options())) == ["DPFuseOps", "FuseTIR"]
     assert _pass_names(phases["fuse"](llvm, Options(fusion="tvm"))) == ["FuseOps", "FuseTIR"]
-    schedule = ["ApplyScheduleRules", "PropagateNaN"]  # GIR, then NaN-propagating max / min
+    # integer powers as products, GIR, then NaN-propagating max / min
+    schedule = ["ExpandIntegerPower", "ApplyScheduleRules", "PropagateNaN"]
     assert _pass_names(phases["schedule"](llvm, Options())) == schedule
-    assert _pass_names(phases["schedule"](llvm, Options(gir=False))) == ["PropagateNaN"]
-    assert phases["schedule"](llvm, Options(gir=False, propagate_nan=False)) == []
+    assert _pass_names(phases["schedule"](llvm, Options(gir=False))) == [
+        "ExpandIntegerPower",
+        "PropagateNaN",
+    ]
+    assert _pass_names(phases["schedule"](llvm, Options(gir=False, propagate_nan=False))) == [
+        "ExpandIntegerPower"
+    ]
     assert _pass_names(phases["schedule"](CUDA, Options())) == schedule
     assert "RewriteCUDAGraph" not in _pass_names(phases["finalize"](llvm, Options()))
     assert "RewriteCUDAGraph" in _pass_names(phases["finalize"](CUDA, Options()))

@@ -27,72 +27,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm.runtime.vm import VirtualMachine
 
 from .errors import TVM_REFUSAL, InputError, ModelLoadError, OutputWriteError, PlusError
-from .frontend import num_inputs
-from .index_inputs import IndexRange, index_input_ranges
-from .target import device_for, target_name
+from .signature import InputSpec, as_numpy, check_inputs
+from .target import device_for, target_json, target_name
+from .tvm_libs import compiler_available
 
 FORMAT = "plus_tvm.compiled/2"
-_ANY_DTYPE = frozenset(("None", "void", ""))  # an input whose dtype the model leaves open
 _READABLE_FORMATS = (FORMAT,)
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One model input: name, dtype, shape and, for index inputs, the valid values.
-
-    ``shape`` holds ints (static dims), strings (symbolic dims, equal wherever they repeat) and
-    ``None`` (a dim of unknown size); ``shape`` itself is ``None`` when even the rank is unknown.
-    """
-
-    name: str
-    shape: tuple[int | str | None, ...] | None
-    dtype: str
-    index_range: IndexRange | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "name": self.name,
-            "shape": None if self.shape is None else list(self.shape),
-            "dtype": self.dtype,
-        }
-        if self.index_range is not None:
-            out["index_range"] = self.index_range.to_dict()
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict) -> InputSpec:
-        shape = data.get("shape")
-        rng = data.get("index_range")
-        return cls(
-            str(data["name"]),
-            None if shape is None else tuple(shape),
-            str(data["dtype"]),
-            IndexRange.from_dict(rng) if rng else None,
-        )
-
-
-def input_specs(mod: tvm.IRModule) -> list[InputSpec]:
-    """The model inputs of ``main`` (the parameters before ``num_input``)."""
-    main = mod["main"]
-    ranges = index_input_ranges(mod)
-    specs = []
-    for param in main.params[: num_inputs(mod)]:
-        ty = param.ty
-        if not isinstance(ty, relax.TensorType):
-            raise ModelLoadError(f"input {param.name} is not a tensor ({ty})")
-        if ty.shape is not None:
-            dims: tuple | None = tuple(
-                int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values
-            )
-        elif ty.ndim >= 0:
-            dims = (None,) * ty.ndim
-        else:
-            dims = None
-        specs.append(InputSpec(param.name, dims, str(ty.dtype), ranges.get(param.name)))
-    return specs
 
 
 @dataclass(frozen=True)
@@ -103,7 +46,7 @@ class WeightSource:
     tensor: object  # torch.Tensor
 
     def version(self) -> int:
-        return int(self.tensor._version)
+        return int(getattr(self.tensor, "_version", 0))  # (a numpy array cannot be followed)
 
 
 class CompiledModel:
@@ -116,7 +59,7 @@ class CompiledModel:
     def __init__(
         self,
         executable: object,
-        target: tvm.target.Target,
+        target: tvm.target.Target | dict,
         params: list,
         inputs: list[InputSpec],
         stats: dict[str, object],
@@ -173,7 +116,7 @@ class CompiledModel:
         vm = getattr(self._local, "vm", None)
         if vm is None:
             with self._lock:  # VM construction reads the shared executable
-                vm = self._local.vm = relax.VirtualMachine(self.executable, self.device)
+                vm = self._local.vm = VirtualMachine(self.executable, self.device)
         return vm, weights
 
     def _current_weights(self) -> list:
@@ -200,7 +143,7 @@ class CompiledModel:
         a CPU model would otherwise hold every weight twice), anything else is copied once."""
         if isinstance(weight, tvm.runtime.Tensor) and weight.device == self.device:
             return weight
-        return tvm.runtime.tensor(_as_numpy(weight), self.device)
+        return tvm.runtime.tensor(as_numpy(weight), self.device)
 
     def _refresh(self, i: int, source: WeightSource) -> None:
         """Copy weight ``i`` from its torch tensor again, into a new device buffer: library
@@ -208,7 +151,7 @@ class CompiledModel:
         from .runtime import forget_tensor
 
         version = source.version()
-        value = _as_numpy(source.tensor)
+        value = as_numpy(source.tensor)
         old = self._device_weights[i]
         if tuple(value.shape) != tuple(old.shape) or str(value.dtype) != str(old.dtype):
             raise InputError(
@@ -223,47 +166,45 @@ class CompiledModel:
 
     def check_inputs(self, inputs: tuple) -> list[np.ndarray]:
         """Validate inputs against the model signature; returns them as numpy arrays."""
-        if len(inputs) != len(self.inputs):
-            names = ", ".join(s.name for s in self.inputs)
-            raise InputError(
-                f"model takes {len(self.inputs)} input(s) ({names}), got {len(inputs)}"
-            )
-        arrays = []
-        bound: dict[str, int] = {}
-        for spec, value in zip(self.inputs, inputs):
-            try:
-                arr = _as_numpy(value)
-            except (TypeError, ValueError, RuntimeError) as err:
-                raise InputError(f"input {spec.name}: not an array ({err})") from None
-            if spec.dtype not in _ANY_DTYPE and str(arr.dtype) != spec.dtype:
-                raise InputError(f"input {spec.name}: expected dtype {spec.dtype}, got {arr.dtype}")
-            if spec.shape is not None:
-                _check_shape(spec, arr, bound)
-            if spec.index_range is not None and arr.size:
-                _check_range(spec, arr)
-            arrays.append(np.asarray(arr, order="C"))  # (keeps 0-d arrays 0-d)
-        return arrays
+        return check_inputs(self.inputs, inputs)
 
     # ------------------------------------------------------------------------------ saving
-    def export_library(self, path: str) -> str:
+    def export_library(self, path: str, *, weights: str = "embed") -> str:
         """Write the compiled library to ``path`` and the weights and signature beside it.
 
         ``path`` gets the shared library, ``path + ".params"`` the weights (TVM param-dict
-        format), ``path + ".json"`` the target, inputs, stats and the sha256 digests of the
-        other two files. :func:`load` reads them back and checks the digests.
+        format), ``path + ".json"`` the target, inputs, stats, the weights' names and the sha256
+        digests of the other two files. :func:`load` reads them back and checks the digests.
+
+        ``weights="external"`` leaves out of ``.params`` every weight that came from a named
+        tensor of the torch module (the json keeps its name, shape and dtype): :func:`load` then
+        takes them from a module or state dict the caller gives (``load(path, weights=model)``),
+        which keeps a deployment's files small where the weights ship separately.
         """
+        if weights not in ("embed", "external"):
+            raise PlusError(
+                f"export_library: weights must be 'embed' or 'external', got {weights!r}"
+            )
         path = os.fspath(path)
         for name in (path, path + ".params", path + ".json"):
             probe_writable(name)
         with self._lock:
-            weights = list(self._weights)
+            values = list(self._weights)
+            names = [src.name if src is not None else None for src in self._sources]
         first: dict[int, int] = {}  # id of a weight object -> its first position
-        aliases = {i: first.setdefault(id(p), i) for i, p in enumerate(weights)}
+        aliases = {i: first.setdefault(id(p), i) for i, p in enumerate(values)}
         aliases = {i: j for i, j in aliases.items() if i != j}  # tied weights: stored once
+        external = {}
+        if weights == "external":
+            external = {
+                i: {"name": names[i], "shape": list(v.shape), "dtype": str(v.dtype)}
+                for i, v in enumerate(values)
+                if names[i] is not None and i not in aliases
+            }
         params = {
-            f"p{i}": tvm.runtime.tensor(_as_numpy(p))
-            for i, p in enumerate(weights)
-            if i not in aliases
+            f"p{i}": tvm.runtime.tensor(as_numpy(p))
+            for i, p in enumerate(values)
+            if i not in aliases and i not in external
         }
         blob = tvm.runtime.save_param_dict(params)
         try:
@@ -272,10 +213,12 @@ class CompiledModel:
                 f.write(blob)
             meta = {
                 "format": FORMAT,
-                "target": json.loads(str(self.target)),
+                "target": target_json(self.target),
                 "inputs": [s.to_dict() for s in self.inputs],
-                "num_params": len(weights),
+                "num_params": len(values),
+                "weight_names": names,
                 "aliases": {str(i): j for i, j in aliases.items()},
+                "external": {str(i): e for i, e in external.items()},
                 "sha256": {"library": _sha256_file(path), "params": _sha256(blob)},
                 "stats": self.stats,
             }
@@ -299,11 +242,16 @@ class CompiledModel:
         return stats_html(self.stats)
 
 
-def load(path: str) -> CompiledModel:
+def load(path: str, weights: object = None) -> CompiledModel:
     """Load a model written by :meth:`CompiledModel.export_library` (in any process).
 
+    ``weights`` (a torch module, or a mapping from names to tensors or arrays) gives the weights
+    of a model exported with ``weights="external"``, by their names in the torch module; the
+    model follows in-place updates of torch tensors given this way.
+
     Raises :class:`ModelLoadError` when a file is missing, unreadable, or does not belong with
-    the others (its sha256 differs from the one recorded at export).
+    the others (its sha256 differs from the one recorded at export), or when an external weight
+    is missing from ``weights`` or has another shape or dtype.
     """
     path = os.fspath(path)
     for need in (path, path + ".params", path + ".json"):
@@ -325,7 +273,8 @@ def load(path: str) -> CompiledModel:
         inputs = [InputSpec.from_dict(d) for d in meta["inputs"]]
         num_params = int(meta["num_params"])
         aliases = {int(i): int(j) for i, j in dict(meta.get("aliases", {})).items()}
-        target = tvm.target.Target(meta["target"])
+        external = {int(i): dict(e) for i, e in dict(meta.get("external", {})).items()}
+        target = tvm.target.Target(meta["target"]) if compiler_available() else dict(meta["target"])
     except (KeyError, TypeError, ValueError, *TVM_REFUSAL) as err:
         raise ModelLoadError(f"{path}.json is incomplete or malformed: {err!r}") from None
     if any(not 0 <= j < i < num_params for i, j in aliases.items()):
@@ -342,18 +291,61 @@ def load(path: str) -> CompiledModel:
             f"{path}.params does not belong to {path} (sha256 differs from {path}.json): the "
             "weights file was swapped, truncated or edited"
         )
+    given = _external_weights(path, external, weights)
     try:
         table = tvm.runtime.load_param_dict(blob)
-        params = []
+        params: list = []
         for i in range(num_params):  # a tied weight is the same tensor as its first use
-            params.append(params[aliases[i]] if i in aliases else table[f"p{i}"])
+            if i in aliases:
+                params.append(params[aliases[i]])
+            else:
+                params.append(given[i].tensor if i in given else table[f"p{i}"])
     except (KeyError, *TVM_REFUSAL) as err:
         raise ModelLoadError(f"{path}.params cannot be read: {_last_line(err)}") from None
+    sources = [given.get(aliases.get(i, i)) for i in range(num_params)]
     try:
         executable = tvm.runtime.load_module(path)
     except TVM_REFUSAL as err:
         raise ModelLoadError(f"{path} is not a loadable library: {_last_line(err)}") from None
-    return CompiledModel(executable, target, params, inputs, meta.get("stats", {}))
+    stats = meta.get("stats", {})
+    return CompiledModel(executable, target, params, inputs, stats, weight_sources=sources)
+
+
+def _external_weights(path: str, external: dict[int, dict], weights: object) -> dict:
+    """The weights a model exported with ``weights="external"`` takes from ``weights``, as
+    :class:`WeightSource` by parameter position (checked by name, shape and dtype)."""
+    if not external:
+        if weights is not None:
+            raise ModelLoadError(
+                f"{path} holds all its weights in {path}.params; weights= is only for a model "
+                'exported with export_library(..., weights="external")'
+            )
+        return {}
+    if weights is None:
+        raise ModelLoadError(
+            f"{path} was exported without {len(external)} of its weights "
+            '(weights="external"): give them with plus_tvm.load(path, weights=module_or_dict)'
+        )
+    if hasattr(weights, "state_dict") and callable(weights.state_dict):
+        weights = weights.state_dict(keep_vars=True)
+    if not hasattr(weights, "get"):
+        raise ModelLoadError(
+            f"weights for {path} must be a torch module or a mapping from names to tensors, "
+            f"got {type(weights).__name__}"
+        )
+    found = {}
+    for i, want in sorted(external.items()):
+        value = weights.get(want["name"])
+        if value is None:
+            raise ModelLoadError(f"weight {want['name']} of {path} is not in the given weights")
+        shape, dtype = list(getattr(value, "shape", ())), str(getattr(value, "dtype", ""))
+        if shape != list(want["shape"]) or dtype.removeprefix("torch.") != want["dtype"]:
+            raise ModelLoadError(
+                f"weight {want['name']} of {path}: expected {tuple(want['shape'])} "
+                f"{want['dtype']}, the given one is {tuple(shape)} {dtype.removeprefix('torch.')}"
+            )
+        found[i] = WeightSource(want["name"], value)
+    return found
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -393,39 +385,6 @@ def probe_writable(path: str) -> None:
         os.remove(path)
 
 
-def _check_shape(spec: InputSpec, arr: np.ndarray, bound: dict[str, int]) -> None:
-    wrong = InputError(
-        f"input {spec.name}: expected shape {_shape(spec.shape)}, got {tuple(arr.shape)}"
-    )
-    if arr.ndim != len(spec.shape):
-        raise wrong
-    for dim, size in zip(spec.shape, arr.shape):
-        if isinstance(dim, int) and dim != size:
-            raise wrong
-        if isinstance(dim, str) and bound.setdefault(dim, size) != size:
-            raise InputError(
-                f"input {spec.name}: symbolic dim {dim} is {size} here but {bound[dim]} in an "
-                "earlier input"
-            )
-
-
-def _check_range(spec: InputSpec, arr: np.ndarray) -> None:
-    rng = spec.index_range
-    low, high = arr.min(), arr.max()
-    if low >= rng.low and high <= rng.high:
-        return
-    bad = low if low < rng.low else high
-    where = tuple(int(i) for i in np.argwhere(arr == bad)[0])
-    raise InputError(
-        f"input {spec.name}: value {int(bad)} at {where} is out of range: the valid values "
-        f"are {rng.low}..{rng.high} ({rng.use})"
-    )
-
-
-def _shape(dims: tuple) -> str:
-    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
-
-
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -441,16 +400,6 @@ def _sha256_file(path: str) -> str:
 def _last_line(err: BaseException) -> str:
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
     return lines[-1] if lines else type(err).__name__
-
-
-def _as_numpy(value: object) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensor
-        return value.detach().cpu().numpy()
-    if isinstance(value, tvm.runtime.Tensor):
-        return value.numpy()
-    return np.asarray(value)
 
 
 def _to_numpy(out: object) -> np.ndarray | tuple:

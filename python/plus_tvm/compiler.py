@@ -14,18 +14,13 @@ import tempfile
 import time
 
 import tvm
+from tvm import relax
 
 from . import interrupt
-from .compiled_model import (
-    CompiledModel,
-    InputSpec,
-    WeightSource,
-    input_specs,
-    load,
-    share_tied_weights,
-)
+from .compiled_model import CompiledModel, WeightSource, load, share_tied_weights
 from .errors import InternalCompileError, ModelLoadError, OutputWriteError, PlusError
 from .frontend import num_inputs
+from .index_inputs import index_input_ranges
 from .loader import LoadedModel, load_model
 from .options import Options
 from .pipeline import (
@@ -35,12 +30,36 @@ from .pipeline import (
     tvm_post_lowering_passes,
     tvm_pre_lowering_passes,
 )
+from .signature import InputSpec
 from .stats import FusionRecorder, contraction_flops, count_ops, kernel_stats
 from .target import resolve_target, target_name
 
 __all__ = ["CompiledModel", "InputSpec", "compile", "input_specs", "inspect", "load"]
 
 PIPELINES = ("plus", "tvm")
+
+
+def input_specs(mod: tvm.IRModule) -> list[InputSpec]:
+    """The model inputs of ``main`` (the parameters before ``num_input``)."""
+    main = mod["main"]
+    ranges = index_input_ranges(mod)
+    specs = []
+    for param in main.params[: num_inputs(mod)]:
+        ty = param.ty
+        if not isinstance(ty, relax.TensorType):
+            raise ModelLoadError(f"input {param.name} is not a tensor ({ty})")
+        if ty.shape is not None:
+            dims: tuple | None = tuple(
+                int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values
+            )
+        elif ty.ndim >= 0:
+            dims = (None,) * ty.ndim
+        else:
+            dims = None
+        specs.append(InputSpec(param.name, dims, str(ty.dtype), ranges.get(param.name)))
+    return specs
+
+
 _PRE_LOWERING = PHASE_NAMES[:4]
 _POST = PHASE_NAMES[4:]
 

@@ -16,12 +16,11 @@ the intersection of their ranges.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import tvm
 from tvm import relax
 
 from .frontend import num_inputs
+from .signature import IndexRange
 
 # ops that hand every value of their first operand on unchanged
 _VALUE_PRESERVING = frozenset(
@@ -43,22 +42,6 @@ _INDEXING = {
     "relax.gather_elements": (0, 1, False),
     "relax.scatter_elements": (0, 1, True),
 }
-
-
-@dataclass(frozen=True)
-class IndexRange:
-    """The values an index input may take, and the use that limits them."""
-
-    low: int
-    high: int
-    use: str  # e.g. "indices of take along axis 0 of a (1000, 64) tensor"
-
-    def to_dict(self) -> dict[str, object]:
-        return {"low": self.low, "high": self.high, "use": self.use}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> IndexRange:
-        return cls(int(data["low"]), int(data["high"]), str(data["use"]))
 
 
 def index_input_ranges(mod: tvm.IRModule, func: str = "main") -> dict[str, IndexRange]:

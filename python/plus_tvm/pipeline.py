@@ -15,11 +15,13 @@ Phase contents today (later work replaces phases one by one, and says so here):
                classes of paper 004 on every PrimFunc), ``FoldConstant``
 3. fuse      - ``DPFuseOps`` (mapping-type rules + plan search of paper 004) + ``FuseTIR``;
                ``fusion=tvm``: TVM's ``FuseOps`` + ``FuseTIR``
-4. schedule  - ``gir`` (default ``auto``: CPU on, GPU off): GIR plans of paper 002 for
-               memory-intensive kernels (``GIRLLVM`` on CPU; ``GIRCUDA`` on GPU, before
-               dlight); GPU: dlight rules (Matmul, GEMV, Reduction, GeneralReduction,
-               Fallback); CPU with ``gir=off``: none; then ``PropagateNaN``
-               (``propagate_nan``: float max / min return NaN for a NaN operand, as torch)
+4. schedule  - ``ExpandIntegerPower`` (``pow(x, 2)`` as ``x * x``: CUDA's fast-math
+               ``powf`` is NaN for negative ``x``); ``gir`` (default ``auto``: CPU on, GPU
+               off): GIR plans of paper 002 for memory-intensive kernels (``GIRLLVM`` on
+               CPU; ``GIRCUDA`` on GPU, before dlight); GPU: dlight rules (Matmul, GEMV,
+               Reduction, GeneralReduction, Fallback); CPU with ``gir=off``: none; then
+               ``PropagateNaN`` (``propagate_nan``: float max / min return NaN for a NaN
+               operand, as torch)
 5. lower     - dataflow lowering (``RewriteDataflowReshape`` ... ``CallTIRRewrite``)
 6. finalize  - memory planning, CUDA graphs on CUDA when enabled, VM lowering
 """
@@ -113,9 +115,12 @@ def fuse_phase(target: tvm.target.Target, options: Options) -> list[tvm.transfor
 
 
 def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
-    """Phase 4: TensorIR schedules for the fused kernels (GIR rules first with ``gir``), then
-    NaN-propagating ``max`` / ``min`` (``propagate_nan``)."""
-    return _schedule_passes(target, options) + _nan_passes(target, options)
+    """Phase 4: integer powers as products (``ExpandIntegerPower``: CUDA's fast ``powf`` is NaN for
+    negative bases), TensorIR schedules for the fused kernels (GIR rules first with ``gir``),
+    then NaN-propagating ``max`` / ``min`` (``propagate_nan``)."""
+    from .passes import ExpandIntegerPower
+
+    return [ExpandIntegerPower()] + _schedule_passes(target, options) + _nan_passes(target, options)
 
 
 def _schedule_passes(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:

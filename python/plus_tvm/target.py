@@ -72,9 +72,17 @@ def resolve_target(target: str | dict | tvm.target.Target | None) -> tvm.target.
     raise TargetError(f"target must be a name, JSON text, dict or tvm Target, got {type(target)}")
 
 
-def device_for(target: tvm.target.Target) -> tvm.runtime.Device:
+def _kind_and_attrs(target: tvm.target.Target | dict) -> tuple[str, dict]:
+    """A target's kind and attributes; a dict is a target's JSON form, which a deployed model
+    keeps where TVM's compiler library (which builds ``Target`` objects) is absent."""
+    if isinstance(target, dict):
+        return str(target.get("kind", "")), target
+    return target.kind.name, target.attrs
+
+
+def device_for(target: tvm.target.Target | dict) -> tvm.runtime.Device:
     """The runtime device on which code for ``target`` runs."""
-    kind = target.kind.name
+    kind, _ = _kind_and_attrs(target)
     if kind == "llvm":
         return tvm.cpu(0)
     if kind == "cuda":
@@ -82,12 +90,17 @@ def device_for(target: tvm.target.Target) -> tvm.runtime.Device:
     raise TargetError(f"no runtime device for target kind {kind!r}")
 
 
-def target_name(target: tvm.target.Target) -> str:
+def target_name(target: tvm.target.Target | dict) -> str:
     """Short human-readable form used in stats (``llvm -mcpu=znver4``, ``cuda sm_90``)."""
-    kind = target.kind.name
+    kind, attrs = _kind_and_attrs(target)
     if kind == "llvm":
-        mcpu = target.attrs.get("mcpu", "")
+        mcpu = attrs.get("mcpu", "")
         return f"llvm -mcpu={mcpu}" if mcpu else "llvm"
     if kind == "cuda":
-        return f"cuda {target.attrs.get('arch', '')}".strip()
+        return f"cuda {attrs.get('arch', '')}".strip()
     return kind
+
+
+def target_json(target: tvm.target.Target | dict) -> dict:
+    """The JSON form of ``target`` (what an exported model records)."""
+    return dict(target) if isinstance(target, dict) else json.loads(str(target))

@@ -1,0 +1,89 @@
+"""ExpandIntegerPower: ``pow(x, n)`` with a small integer constant ``n`` becomes multiplications.
+
+TVM's CUDA code is compiled with ``--use_fast_math`` (always with NVRTC, TVM's default; with
+nvcc unless ``TVM_CUDA_NVCC_NO_FAST_MATH``), which turns ``powf(x, y)`` into
+``exp2(y * log2(x))``: NaN for every negative ``x``, even where ``y`` is an integer. Models square
+and cube negative values all the time: RMSNorm (LLaMA, T5: ``x.pow(2).mean()``), GPT-2's and
+ALBERT's tanh GELU (``x + 0.044715 * x.pow(3)``), variance. Measured on an H100: LLaMA-tiny and
+T5-tiny returned NaN under plus, GPT-2-tiny and ALBERT-tiny under TVM's own CUDA pipeline.
+
+Every ``pow(x, c)`` in every PrimFunc whose exponent is a constant integer with
+``|c| <=`` :data:`MAX_EXPONENT` is rewritten into a product of ``x`` (``1 / product`` for a negative
+``c``, ``1`` for ``0``), and ``pow(x, 0.5)`` into ``sqrt(x)``; a non-trivial ``x`` is bound once
+(``Let``). That is exact where ``powf`` is exact and cheaper on every target, so the pass runs on
+CPU too.
+"""
+
+from __future__ import annotations
+
+import tvm
+from plus_tvm.tir_expr import map_blocks
+from tvm import tirx
+
+MAX_EXPONENT = 4
+_POW = tvm.ir.Op.get("tirx.pow")
+_PLAIN = (tirx.Var, tvm.ir.TensorLoad, tirx.FloatImm, tirx.IntImm, tirx.Broadcast)
+
+
+@tvm.transform.module_pass(opt_level=0, name="ExpandIntegerPower")
+class ExpandIntegerPower:
+    """Rewrite ``pow`` by small integer constants (and 0.5) in every PrimFunc (module doc)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        functions = {}
+        changed = False
+        for gvar, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and _has_pow(func):
+                body = map_blocks(func.body, expand_power)
+                if not body.same_as(func.body):
+                    func = func.with_body(body)
+                    changed = True
+            functions[gvar] = func
+        if not changed:
+            return mod
+        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+def expand_power(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
+    """The expansion of ``e`` when it is ``pow(x, small integer or 0.5)``, else None."""
+    if not (isinstance(e, tvm.ir.Call) and e.op.same_as(_POW) and "float" in str(e.ty)):
+        return None
+    base, exponent = e.args
+    if not isinstance(exponent, (tirx.FloatImm, tirx.IntImm)):
+        return None
+    value = float(exponent.value)
+    if value == 0.5:
+        return tirx.sqrt(base)
+    if value != int(value) or abs(value) > MAX_EXPONENT:
+        return None
+    n = int(value)
+    dtype = str(e.ty)
+    if n == 0:
+        return tirx.const(1.0, dtype)
+    var = base if isinstance(base, _PLAIN) else tirx.Var("pow_base", dtype)
+    product = var
+    for _ in range(abs(n) - 1):
+        product = product * var
+    if n < 0:
+        product = tirx.const(1.0, dtype) / product
+    return product if var is base else tirx.Let(var, base, product)
+
+
+def _has_pow(func: tirx.PrimFunc) -> bool:
+    """Whether a block of ``func`` stores a value computed with ``pow`` (most kernels do not,
+    and are left untouched without rebuilding them)."""
+    from plus_tvm.mapping.tir_analysis import _blocks, _stores, _walk_expr
+
+    found: list = []
+
+    def look(e: object) -> None:
+        if isinstance(e, tvm.ir.Call) and e.op.same_as(_POW):
+            found.append(e)
+
+    for block in _blocks(func.body):
+        for part in (block.body, block.init):
+            for store in _stores(part) if part is not None else ():
+                _walk_expr(store.value, look)
+        if found:
+            return True
+    return False

@@ -1,0 +1,136 @@
+"""A compiled model's signature: its inputs (:class:`InputSpec`), the valid values of index inputs
+(:class:`IndexRange`), and the checks a call's arrays must pass before anything runs.
+
+Plain data with no dependency on TVM's compiler: a deployed model (:func:`plus_tvm.load` with TVM's
+runtime library alone) reads it from the model's json and checks inputs with it. The compiler side
+fills it in from the IRModule (:func:`plus_tvm.compiler.input_specs`,
+:mod:`plus_tvm.index_inputs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class IndexRange:
+    """The values an index input may take, and the use that limits them."""
+
+    low: int
+    high: int
+    use: str  # e.g. "indices of take along axis 0 of a (1000, 64) tensor"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"low": self.low, "high": self.high, "use": self.use}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> IndexRange:
+        return cls(int(data["low"]), int(data["high"]), str(data["use"]))
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: name, dtype, shape and, for index inputs, the valid values.
+
+    ``shape`` holds ints (static dims), strings (symbolic dims, equal wherever they repeat) and
+    ``None`` (a dim of unknown size); ``shape`` itself is ``None`` when even the rank is unknown.
+    """
+
+    name: str
+    shape: tuple[int | str | None, ...] | None
+    dtype: str
+    index_range: IndexRange | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "name": self.name,
+            "shape": None if self.shape is None else list(self.shape),
+            "dtype": self.dtype,
+        }
+        if self.index_range is not None:
+            out["index_range"] = self.index_range.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> InputSpec:
+        shape = data.get("shape")
+        rng = data.get("index_range")
+        return cls(
+            str(data["name"]),
+            None if shape is None else tuple(shape),
+            str(data["dtype"]),
+            IndexRange.from_dict(rng) if rng else None,
+        )
+
+
+_ANY_DTYPE = frozenset(("None", "void", ""))  # an input whose dtype the model leaves open
+
+
+def check_inputs(specs: list[InputSpec], inputs: tuple) -> list[np.ndarray]:
+    """Validate ``inputs`` against ``specs``; returns them as C-ordered numpy arrays."""
+    if len(inputs) != len(specs):
+        names = ", ".join(s.name for s in specs)
+        raise InputError(f"model takes {len(specs)} input(s) ({names}), got {len(inputs)}")
+    arrays = []
+    bound: dict[str, int] = {}
+    for spec, value in zip(specs, inputs):
+        try:
+            arr = as_numpy(value)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise InputError(f"input {spec.name}: not an array ({err})") from None
+        if spec.dtype not in _ANY_DTYPE and str(arr.dtype) != spec.dtype:
+            raise InputError(f"input {spec.name}: expected dtype {spec.dtype}, got {arr.dtype}")
+        if spec.shape is not None:
+            _check_shape(spec, arr, bound)
+        if spec.index_range is not None and arr.size:
+            _check_range(spec, arr)
+        arrays.append(np.asarray(arr, order="C"))  # (keeps 0-d arrays 0-d)
+    return arrays
+
+
+def as_numpy(value: object) -> np.ndarray:
+    """``value`` (numpy array, torch tensor, TVM tensor, nested list) as a numpy array."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensor
+        return value.detach().cpu().numpy()
+    if hasattr(value, "numpy") and callable(value.numpy):  # tvm.runtime.Tensor
+        return value.numpy()
+    return np.asarray(value)
+
+
+def _check_shape(spec: InputSpec, arr: np.ndarray, bound: dict[str, int]) -> None:
+    wrong = InputError(
+        f"input {spec.name}: expected shape {_shape(spec.shape)}, got {tuple(arr.shape)}"
+    )
+    if arr.ndim != len(spec.shape):
+        raise wrong
+    for dim, size in zip(spec.shape, arr.shape):
+        if isinstance(dim, int) and dim != size:
+            raise wrong
+        if isinstance(dim, str) and bound.setdefault(dim, size) != size:
+            raise InputError(
+                f"input {spec.name}: symbolic dim {dim} is {size} here but {bound[dim]} in an "
+                "earlier input"
+            )
+
+
+def _check_range(spec: InputSpec, arr: np.ndarray) -> None:
+    rng = spec.index_range
+    low, high = arr.min(), arr.max()
+    if low >= rng.low and high <= rng.high:
+        return
+    bad = low if low < rng.low else high
+    where = tuple(int(i) for i in np.argwhere(arr == bad)[0])
+    raise InputError(
+        f"input {spec.name}: value {int(bad)} at {where} is out of range: the valid values "
+        f"are {rng.low}..{rng.high} ({rng.use})"
+    )
+
+
+def _shape(dims: tuple) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"

@@ -1,0 +1,92 @@
+"""The GPU bundle (compile here, run there) builds on a machine without a GPU, stays under the
+size a device call carries, holds a runtime-only TVM, and its check refuses clearly without a
+GPU; the table reports plus and TVM's baseline separately."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+from plus_tvm.gpu import bundle as gpu_bundle
+from plus_tvm.gpu.check import table
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("b") / "bundle")
+    manifest = gpu_bundle.build_bundle(out, ["bert-base-tiny"], ["plus-off"], log=lambda m: None)
+    return out, manifest
+
+
+def test_bundle_holds_libraries_inputs_and_a_runtime_only_tvm(built):
+    out, manifest = built
+    assert manifest["bytes"] <= gpu_bundle.LIMIT_BYTES
+    record = json.load(open(os.path.join(out, "manifest.json")))["models"]["bert-base-tiny"]
+    lib = os.path.join(out, record["variants"]["plus-off"]["library"])
+    meta = json.load(open(lib + ".json"))
+    assert meta["target"]["kind"] == "cuda" and meta["target"]["arch"] == "sm_90"
+    assert meta["external"], "weights travel as names, taken from the rebuilt torch model"
+    assert record["state"] == "state.pt" and record["input_sets"] == 3
+    with tarfile.open(os.path.join(out, "runtime", "tvm_runtime.tar.gz")) as tar:
+        names = tar.getnames()
+    assert "tvm/lib/libtvm_runtime.so" in names and "tvm/lib/libtvm_runtime_cuda.so" in names
+    assert not any("libtvm_compiler" in n for n in names)
+    wheels = [f for f in os.listdir(os.path.join(out, "runtime")) if f.endswith(".whl")]
+    assert len(wheels) == 1 and "cp312" in wheels[0]
+    assert os.access(os.path.join(out, "run.sh"), os.X_OK)
+
+
+def test_check_says_clearly_that_it_needs_a_gpu(built):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the check runs for real there")
+    out, _ = built
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "scripts", "gpu_check"),
+            "--bundle",
+            out,
+            "--out",
+            out + "-results",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr
+
+
+def test_unknown_variant_or_model_fails_before_any_work(tmp_path):
+    with pytest.raises(gpu_bundle.PlusError, match="unknown variant"):
+        gpu_bundle.build_bundle(str(tmp_path / "x"), ["bert-base-tiny"], ["plus-fast"])
+    with pytest.raises(Exception, match="unknown zoo model"):
+        gpu_bundle.build_bundle(str(tmp_path / "x"), ["no-such-model"], ["plus-off"])
+    assert not os.path.exists(tmp_path / "x")
+
+
+def test_table_separates_plus_from_the_tvm_baseline():
+    row = {"median_ms": 1.0, "max_rel_err": 1e-7, "correct": True}
+    results = {
+        "models": {
+            "m": {
+                "variants": {
+                    "plus-off": dict(row, median_ms=4.0),
+                    "plus-always": row,
+                    "tvm": {"median_ms": 2.0, "max_rel_err": float("inf"), "correct": False},
+                },
+                "peers": {"eager": {"median_ms": 3.0}, "compile-ro": {"median_ms": 0.5}},
+            }
+        }
+    }
+    line = table(results).splitlines()[-1]
+    assert "| 4.00x | 3.00x | 0.50x | 1.0e-07 | yes | NO |" in line
