@@ -11,6 +11,8 @@ from .plus_dispatch import PlusDispatch
 from .propagate_nan import PropagateNaN
 from .rewrite_cuda_graph import RewriteCUDAGraph
 from .simplify_views import SimplifyViews
+from .stage_graph_inputs import StageGraphInputs
+from .stage_graph_outputs import StageGraphOutputs
 from .wrap_take_indices import WrapTakeIndices
 
 __all__ = [
@@ -25,5 +27,7 @@ __all__ = [
     "PropagateNaN",
     "RewriteCUDAGraph",
     "SimplifyViews",
+    "StageGraphInputs",
+    "StageGraphOutputs",
     "WrapTakeIndices",
 ]

@@ -23,7 +23,10 @@ Phase contents today (later work replaces phases one by one, and says so here):
                ``PropagateNaN`` (``propagate_nan``: float max / min return NaN for a NaN
                operand, as torch)
 5. lower     - dataflow lowering (``RewriteDataflowReshape`` ... ``CallTIRRewrite``)
-6. finalize  - memory planning, CUDA graphs on CUDA when enabled, VM lowering
+6. finalize  - with CUDA graphs on: ``StageGraphInputs`` / ``StageGraphOutputs`` (inputs read by
+               library kernels or several kernels, outputs written by library kernels, get
+               planned buffers and one copy, so their neighbours are captured); memory
+               planning, ``RewriteCUDAGraph`` on CUDA when enabled, VM lowering
 """
 
 from __future__ import annotations
@@ -174,9 +177,15 @@ def finalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     """Phase 6: memory planning, CUDA graph capture (CUDA), lowering to VM builtins."""
     from .passes import RewriteCUDAGraph
 
-    passes = [relax.transform.StaticPlanBlockMemory()]
+    passes = []
+    graphs = target.kind.name == "cuda" and options.cuda_graph == "always"
+    if graphs:  # readers of inputs and library writers of outputs into the graph (PyGraph 4.1)
+        from .passes import StageGraphInputs, StageGraphOutputs
+
+        passes += [StageGraphInputs(target), StageGraphOutputs(target)]
+    passes.append(relax.transform.StaticPlanBlockMemory())
     if target.kind.name == "cuda":
-        passes.append(RewriteCUDAGraph(enabled=options.cuda_graph == "always"))
+        passes.append(RewriteCUDAGraph(enabled=graphs))
     passes += [
         relax.transform.LowerAllocTensor(),
         relax.transform.KillAfterLastUse(),
