@@ -146,8 +146,10 @@ class CompiledModel:
         return tvm.runtime.tensor(as_numpy(weight), self.device)
 
     def _refresh(self, i: int, source: WeightSource) -> None:
-        """Copy weight ``i`` from its torch tensor again, into a new device buffer: library
-        kernels cache packed weights by address, so the old buffer's packing is never reused."""
+        """Copy weight ``i`` from its torch tensor again, into the device buffer it has: a captured
+        CUDA graph replays the addresses it recorded (TVM ignores the arguments on replay), so a
+        new buffer would never be read. Library kernels cache packed weights by address:
+        ``forget_tensor`` drops them, so the next call packs the new values."""
         from .runtime import forget_tensor
 
         version = source.version()
@@ -159,7 +161,7 @@ class CompiledModel:
                 f"({tuple(old.shape)} {old.dtype} -> {tuple(value.shape)} {value.dtype}): "
                 "compile the model again"
             )
-        self._device_weights[i] = tvm.runtime.tensor(value, self.device)
+        old.copyfrom(np.ascontiguousarray(value))  # (a tied weight's other uses see it too)
         self._weights[i] = value
         self._versions[i] = version
         forget_tensor(old)
