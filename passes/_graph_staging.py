@@ -13,9 +13,6 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te
 
-CAPTURE_SUFFIX = "_cuda_graph_capture"  # TVM's name for lifted capture functions
-_ALLOC = "relax.builtin.alloc_tensor"
-
 
 def static_shape(ty: object) -> tuple[int, ...] | None:
     """The static shape of a tensor type, or None (symbolic, unknown, not a tensor)."""
@@ -56,12 +53,21 @@ def is_kernel_call(value: relax.Expr, mod: tvm.IRModule) -> bool:
     )
 
 
-def alloc_like(ty: relax.TensorType) -> relax.Call:
-    """``R.builtin.alloc_tensor`` of a tensor of ``ty`` on device 0 (typed)."""
-    shape = relax.ShapeExpr([tvm.tirx.IntImm("int64", d) for d in static_shape(ty)])
-    return relax.BlockBuilder().normalize(
-        relax.op.builtin.alloc_tensor(shape, str(ty.dtype), 0, "global")
-    )
+def staged_copy(
+    mod: tvm.IRModule, src: relax.Var, name: str, target: tvm.target.Target
+) -> tuple[tvm.IRModule, relax.Var, list[relax.VarBinding]]:
+    """The bindings that copy ``src`` into a fresh ``R.builtin.alloc_tensor`` named ``name``
+    (one copy kernel launch), ``mod`` with that kernel, and the new tensor's var. The bindings
+    are typed when the function is rebuilt (:func:`with_main`)."""
+    mod, copy = copy_kernel(mod, src.ty, target)
+    shape = relax.ShapeExpr([tvm.tirx.IntImm("int64", d) for d in static_shape(src.ty)])
+    dst = relax.Var(name, src.ty)
+    alloc = relax.op.builtin.alloc_tensor(shape, str(src.ty.dtype), 0, "global")
+    bindings = [
+        relax.VarBinding(dst, alloc),
+        relax.VarBinding(relax.Var(f"{name}_copy", relax.AnyType()), relax.Call(copy, [src, dst])),
+    ]
+    return mod, dst, bindings
 
 
 def copy_kernel(
@@ -138,14 +144,5 @@ def lowered_main(mod: tvm.IRModule) -> relax.Function | None:
 
 def with_main(mod: tvm.IRModule, func: relax.Function) -> tvm.IRModule:
     out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
-    out[mod.get_global_var("main")] = relax.BlockBuilder(out).normalize(func)
+    out[mod.get_global_var("main")] = relax.BlockBuilder(out).normalize(func)  # types new calls
     return out
-
-
-def typed(mod: tvm.IRModule, value: relax.Expr) -> relax.Expr:
-    """``value`` normalized (typed) against ``mod``: new calls carry no type until then."""
-    return relax.BlockBuilder(mod).normalize(value)
-
-
-def var_of(name: str, ty: object) -> relax.Var:
-    return relax.Var(name, ty)

@@ -72,18 +72,6 @@ def expand_power(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
 def _has_pow(func: tirx.PrimFunc) -> bool:
     """Whether a block of ``func`` stores a value computed with ``pow`` (most kernels do not,
     and are left untouched without rebuilding them)."""
-    from plus_tvm.mapping.tir_analysis import _blocks, _stores, _walk_expr
+    from plus_tvm.mapping.tir_analysis import stores_any
 
-    found: list = []
-
-    def look(e: object) -> None:
-        if isinstance(e, tvm.ir.Call) and e.op.same_as(_POW):
-            found.append(e)
-
-    for block in _blocks(func.body):
-        for part in (block.body, block.init):
-            for store in _stores(part) if part is not None else ():
-                _walk_expr(store.value, look)
-        if found:
-            return True
-    return False
+    return stores_any(func, lambda e: isinstance(e, tvm.ir.Call) and e.op.same_as(_POW))

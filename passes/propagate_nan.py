@@ -83,18 +83,6 @@ _PLAIN = (tirx.Var, tvm.ir.TensorLoad, tirx.FloatImm, tirx.IntImm, tirx.Broadcas
 
 
 def _has_float_minmax(func: tirx.PrimFunc) -> bool:
-    from plus_tvm.mapping.tir_analysis import _blocks, _stores, _walk_expr
+    from plus_tvm.mapping.tir_analysis import stores_any
 
-    found: list = []
-
-    def look(e: object) -> None:
-        if isinstance(e, (tirx.Max, tirx.Min)) and "float" in str(e.ty):
-            found.append(e)
-
-    for block in _blocks(func.body):
-        for part in (block.body, block.init):
-            for store in _stores(part) if part is not None else ():
-                _walk_expr(store.value, look)
-        if found:
-            return True
-    return False
+    return stores_any(func, lambda e: isinstance(e, (tirx.Max, tirx.Min)) and "float" in str(e.ty))

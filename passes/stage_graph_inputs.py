@@ -21,15 +21,13 @@ import tvm
 from tvm import relax
 
 from ._graph_staging import (
-    alloc_like,
-    copy_kernel,
     is_kernel_call,
     is_library_call,
     lowered_main,
+    staged_copy,
     static_shape,
     substitute,
     tensor_bytes,
-    typed,
     uses,
     with_main,
 )
@@ -73,13 +71,8 @@ class StageGraphInputs:
         new_bindings = []
         mapping = {}
         for param in chosen:
-            mod, copy = copy_kernel(mod, param.ty, self.target)
-            staged = relax.Var(f"{param.name}_staged", param.ty)
-            new_bindings.append(relax.VarBinding(staged, alloc_like(param.ty)))
-            done = relax.Var(f"{param.name}_stage", relax.AnyType())
-            new_bindings.append(
-                relax.VarBinding(done, typed(mod, relax.Call(copy, [param, staged])))
-            )
+            mod, staged, bindings = staged_copy(mod, param, f"{param.name}_staged", self.target)
+            new_bindings += bindings
             mapping[param] = staged
             self.staged[param.name] = tensor_bytes(param.ty)
         blocks = []

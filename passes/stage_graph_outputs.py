@@ -17,14 +17,12 @@ import tvm
 from tvm import relax
 
 from ._graph_staging import (
-    alloc_like,
-    copy_kernel,
     is_kernel_call,
     is_library_call,
     lowered_main,
+    staged_copy,
     static_shape,
     tensor_bytes,
-    typed,
     uses,
     with_main,
 )
@@ -63,11 +61,8 @@ class StageGraphOutputs:
         tail = []
         mapping = {}
         for tensor in chosen:
-            mod, copy = copy_kernel(mod, tensor.ty, self.target)
-            out = relax.Var(f"{tensor.name}_out", tensor.ty)
-            tail.append(relax.VarBinding(out, alloc_like(tensor.ty)))
-            done = relax.Var(f"{tensor.name}_unstage", relax.AnyType())
-            tail.append(relax.VarBinding(done, typed(mod, relax.Call(copy, [tensor, out]))))
+            mod, out, bindings = staged_copy(mod, tensor, f"{tensor.name}_out", self.target)
+            tail += bindings
             mapping[tensor] = out
             self.staged[tensor.name] = tensor_bytes(tensor.ty)
         result = func.body.body
@@ -76,7 +71,7 @@ class StageGraphOutputs:
         else:  # a tuple of results: a new tuple with the staged ones replaced
             fields = [mapping.get(f, f) for f in value_of[result].fields]
             result = relax.Var(f"{result.name}_staged", result.ty)
-            tail.append(relax.VarBinding(result, typed(mod, relax.Tuple(fields))))
+            tail.append(relax.VarBinding(result, relax.Tuple(fields)))
         blocks = list(func.body.blocks)
         blocks[-1] = relax.BindingBlock(list(blocks[-1].bindings) + tail)
         body = relax.SeqExpr(blocks, result)

@@ -91,6 +91,24 @@ def _stores(stmt: tirx.Stmt) -> Iterator[tirx.BufferStore]:
         yield from _stores(stmt.body)
 
 
+def stores_any(func: tirx.PrimFunc, match: Callable[[object], bool]) -> bool:
+    """Whether a value stored by a block of ``func`` (body or init) has a node ``match``
+    accepts: the cheap check a TIR rewrite makes before rebuilding a PrimFunc."""
+    found: list = []
+
+    def look(e: object) -> None:
+        if not found and match(e):
+            found.append(e)
+
+    for block in _blocks(func.body):
+        for part in (block.body, block.init):
+            for store in _stores(part) if part is not None else ():
+                _walk_expr(store.value, look)
+        if found:
+            return True
+    return False
+
+
 def _loads(expr: tvm.ir.Expr) -> list:
     """Loads of ``expr`` that are values, not indices of another load."""
     found: list = []
