@@ -2,6 +2,7 @@
 
 from .annotate_map_pattern import AnnotateMapPattern
 from .apply_schedule_rules import ApplyScheduleRules
+from .convert_to_channels_last import ConvertToChannelsLast
 from .dp_fuse_ops import DPFuseOps
 from .expand_integer_power import ExpandIntegerPower
 from .fold_pad_into_conv import FoldPadIntoConv
@@ -18,6 +19,7 @@ from .wrap_take_indices import WrapTakeIndices
 __all__ = [
     "AnnotateMapPattern",
     "ApplyScheduleRules",
+    "ConvertToChannelsLast",
     "DPFuseOps",
     "ExpandIntegerPower",
     "FoldPadIntoConv",

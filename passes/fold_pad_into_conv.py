@@ -6,11 +6,14 @@ EfficientNet) emit ``conv2d(nn.pad(x, ...), padding=0)``. The pad is then a kern
 that writes a padded copy of the activation before every such convolution, while the
 convolution (a library call after dispatch, or TVM's legalization) pads for free. The pass
 adds the pad's widths to the convolution's ``padding`` (Relax's ``(top, left, bottom,
-right)``) when the pad is constant zero, touches only the layout's ``H`` and ``W`` axes and
-the resulting padding is symmetric. Asymmetric results (TF's stride-2 "same" pads one side)
-stay as pads: oneDNN/ATen convolutions take symmetric padding only, so the library kernel
-would pad a copy itself, measured 2.7 ms for a 96x112x112 activation against 0.08 ms for the
-GIR-scheduled pad kernel. A pad that other operators also read stays for them.
+right)``) when the pad is constant zero and touches only the layout's ``H`` and ``W`` axes.
+
+``asymmetric``: whether a padding that differs between top / bottom or left / right (TF's
+stride-2 "same" pads one side) is folded too. Yes where the library convolution pads itself
+(oneDNN's native kernel takes separate begin / end padding: the CPU's NHWC plan); no where it
+would pad a copy of the activation first (ATen / cuDNN through torch: 2.7 ms for a 96x112x112
+activation against 0.08 ms for the GIR-scheduled pad kernel). A pad that other operators also
+read stays for them.
 """
 
 from __future__ import annotations
@@ -40,28 +43,36 @@ def _spatial_pad(pad: relax.Call, layout: str) -> tuple[int, int, int, int] | No
 class FoldPadIntoConv:
     """Fold ``conv2d(pad(x), padding=p)`` into ``conv2d(x, padding=p + pad)``."""
 
+    def __init__(self, asymmetric: bool = False) -> None:
+        self.asymmetric = asymmetric
+
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return rewrite_bindings(mod, _fold, _finish)
+        def fold(binding: relax.VarBinding, pads: dict, bb: relax.BlockBuilder):  # noqa: ANN202
+            return _fold(binding, pads, bb, self.asymmetric)
+
+        return rewrite_bindings(mod, fold, _finish)
 
 
 def _finish(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
 
 
-def _fold(binding: relax.VarBinding, pads: dict, bb: relax.BlockBuilder) -> relax.Expr | None:
+def _fold(
+    binding: relax.VarBinding, pads: dict, bb: relax.BlockBuilder, asymmetric: bool
+) -> relax.Expr | None:
     """The folded convolution, or None; ``pads`` maps a var to the pad call bound to it
     (within one dataflow block)."""
     value = binding.value
     if op_name(value) == "relax.nn.pad":
         pads[binding.var.id_] = value
     elif op_name(value) == "relax.nn.conv2d" and isinstance(value.args[0], relax.Var):
-        new = _folded_conv(value, pads.get(value.args[0].id_))
+        new = _folded_conv(value, pads.get(value.args[0].id_), asymmetric)
         if new is not None:
             return bb.normalize(new)
     return None
 
 
-def _folded_conv(conv: relax.Call, pad: relax.Call | None) -> relax.Call | None:
+def _folded_conv(conv: relax.Call, pad: relax.Call | None, asymmetric: bool) -> relax.Call | None:
     if pad is None:
         return None
     attrs = conv.attrs
@@ -70,7 +81,7 @@ def _folded_conv(conv: relax.Call, pad: relax.Call | None) -> relax.Call | None:
         return None
     padding = [int(p) + e for p, e in zip(attrs.padding, extra)]
     top, left, bottom, right = padding
-    if top != bottom or left != right:
+    if not asymmetric and (top != bottom or left != right):
         return None  # a library convolution would pad a copy itself (see the module doc)
     return relax.op.nn.conv2d(
         pad.args[0],

@@ -38,12 +38,22 @@ class PlusDispatch:
         User entry folders (``Options.warehouse``).
     cost : DispatchCost or None
         Throughputs for the library-vs-TIR choice; ``None`` always takes the library.
+    propagate_nan : bool
+        Library activations must return NaN for NaN (``Options.propagate_nan``); off lets a
+        library drop it where that is faster.
     """
 
-    def __init__(self, warehouse=None, extra_dirs: tuple[str, ...] = (), cost=DispatchCost()):  # noqa: ANN001, B008
+    def __init__(
+        self,
+        warehouse=None,  # noqa: ANN001
+        extra_dirs: tuple[str, ...] = (),
+        cost=DispatchCost(),  # noqa: ANN001, B008
+        propagate_nan: bool = True,
+    ):
         self.warehouse = warehouse
         self.extra_dirs = tuple(extra_dirs)
         self.cost = cost
+        self.propagate_nan = propagate_nan
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         from ..pattern_warehouse import load_warehouse
@@ -57,7 +67,9 @@ class PlusDispatch:
         changed = False
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function) and not _is_primitive(func):
-                new = _rewrite_function(func, mod, warehouse, kind, self.cost, report, cache)
+                new = _rewrite_function(
+                    func, mod, warehouse, kind, self.cost, report, cache, self.propagate_nan
+                )
                 if new is not func:
                     changed = True
                     func = new
@@ -101,7 +113,7 @@ def _weights(func: relax.Function) -> set[int]:
     return {p.id_ for p in list(func.params)[int(num_input) :]}
 
 
-def _rewrite_function(func, mod, warehouse, kind, cost, report, cache):  # noqa: ANN001, ANN202
+def _rewrite_function(func, mod, warehouse, kind, cost, report, cache, nan):  # noqa: ANN001, ANN202
     weights = _weights(func)
     body = func.body
     if not isinstance(body, relax.SeqExpr):
@@ -110,7 +122,7 @@ def _rewrite_function(func, mod, warehouse, kind, cost, report, cache):  # noqa:
     changed = False
     for block in body.blocks:
         if isinstance(block, relax.DataflowBlock):
-            new = _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights)
+            new = _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, nan)
             changed |= new is not block
             block = new
         blocks.append(block)
@@ -121,7 +133,7 @@ def _rewrite_function(func, mod, warehouse, kind, cost, report, cache):  # noqa:
     )
 
 
-def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights):  # noqa: ANN001, ANN202, PLR0913
+def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, nan):  # noqa: ANN001, ANN202, PLR0913
     graph = OpGraph(block, mod, cache)
     calls: dict[int, LibraryCall] = {}
     absorbed: set[int] = set()
@@ -137,7 +149,7 @@ def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights):  
                 seen.add(match.members)
                 report.matched[match.entries[0].name] += 1
             for state in (match, *match.fallbacks):
-                ctx = Ctx(graph, state.members, weights, taken=absorbed)
+                ctx = Ctx(graph, state.members, weights, taken=absorbed, propagate_nan=nan)
                 chosen = _choose(state, ctx, graph, kind, cost, report)
                 if chosen is not None:
                     break

@@ -184,23 +184,39 @@ def test_dispatch_off_leaves_everything_to_tir():
 
 # ----------------------------------------------------------------------------- zoo models
 @pytest.mark.parametrize(
-    "model, entries",
+    "model, layout, entries",
     [
-        ("bert-base-tiny", {"gemm_epilogue", "gemm_layernorm", "attention"}),
-        ("gpt2-tiny", {"gemm_epilogue", "attention", "layer_norm"}),
-        ("t5-encoder-tiny", {"gemm_epilogue", "attention", "rms_norm"}),
-        ("llama-tiny", {"gemm_epilogue", "attention", "rms_norm"}),
-        ("vit-tiny", {"gemm_epilogue", "attention", "layer_norm"}),
-        ("resnet50-tiny", {"conv2d_epilogue", "conv2d_pointwise", "conv2d_strided_pointwise"}),
-        ("mobilenetv2-tiny", {"conv2d_depthwise", "conv2d_pointwise", "conv2d_strided"}),
-        ("efficientnet-b0-tiny", {"conv2d_depthwise", "conv2d_pixel", "conv2d_pointwise"}),
+        ("bert-base-tiny", "auto", {"gemm_epilogue", "gemm_layernorm", "attention"}),
+        ("gpt2-tiny", "auto", {"gemm_epilogue", "attention", "layer_norm"}),
+        ("t5-encoder-tiny", "auto", {"gemm_epilogue", "attention", "rms_norm"}),
+        ("llama-tiny", "auto", {"gemm_epilogue", "attention", "rms_norm"}),
+        ("vit-tiny", "auto", {"gemm_epilogue", "attention", "layer_norm"}),
+        (
+            "resnet50-tiny",
+            "nchw",
+            {"conv2d_epilogue", "conv2d_pointwise", "conv2d_strided_pointwise"},
+        ),
+        ("mobilenetv2-tiny", "nchw", {"conv2d_depthwise", "conv2d_pointwise", "conv2d_strided"}),
+        ("efficientnet-b0-tiny", "nchw", {"conv2d_depthwise", "conv2d_pixel", "conv2d_pointwise"}),
+        (
+            "resnet50-tiny",
+            "nhwc",
+            {"conv2d_nhwc_padded", "conv2d_nhwc_pointwise", "conv2d_strided_pointwise"},
+        ),
+        ("mobilenetv2-tiny", "nhwc", {"conv2d_nested", "conv2d_nhwc_pointwise", "conv2d_strided"}),
+        (
+            "efficientnet-b0-tiny",
+            "nhwc",
+            {"conv2d_nested", "conv2d_pixel", "conv2d_nhwc_pointwise"},
+        ),
+        ("vgg16-tiny", "nhwc", {"conv2d_nhwc_padded"}),
     ],
 )
-def test_zoo_models_match_entries_with_torch_numerics(model, entries):
+def test_zoo_models_match_entries_with_torch_numerics(model, layout, entries):
     from plus_tvm.loader import load_model
 
     loaded = load_model(f"zoo:{model}")
-    compiled = plus_tvm.compile(f"zoo:{model}", options=LIB)
+    compiled = plus_tvm.compile(f"zoo:{model}", options=LIB.replace(conv_layout=layout))
     with torch.no_grad():
         ref = loaded.torch_module(*loaded.example_inputs)
     if not isinstance(ref, torch.Tensor):
@@ -297,12 +313,19 @@ class _ConvBN(nn.Module):
     "act", [nn.ReLU(), nn.ReLU6(), nn.Identity()], ids=["relu", "relu6", "none"]
 )
 @pytest.mark.parametrize("residual", [False, True])
-def test_batch_norm_and_activation_fold_into_the_convolution(act, residual):
+@pytest.mark.parametrize(
+    "layout,entry,transposes", [("nchw", "conv2d_epilogue", 0), ("nhwc", "conv2d_nhwc_padded", 2)]
+)
+def test_batch_norm_and_activation_fold_into_the_convolution(
+    act, residual, layout, entry, transposes
+):
     torch.manual_seed(0)
-    stats = _run(_ConvBN(act, residual), torch.randn(1, 8, 16, 16))
-    assert _library(stats) == {"conv2d_epilogue": 1}
-    # conv + BN + activation (+ the residual after it) is one library call
-    assert stats["kernels"] == 1
+    options = LIB.replace(conv_layout=layout)
+    stats = _run(_ConvBN(act, residual), torch.randn(1, 8, 16, 16), options=options)
+    assert _library(stats) == {entry: 1}
+    # conv + BN + activation (+ the residual after it) is one library call; in NHWC the image
+    # is transposed on the way in and the result on the way out
+    assert stats["kernels"] == 1 + transposes
 
 
 class _DynamicBlock(nn.Module):

@@ -81,6 +81,24 @@ def test_zero_spatial_pads_fold(pad_width, layout, padding, folded, want):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "pad_width, layout, padding, want",
+    [
+        ([0, 0, 0, 0, 0, 1, 0, 1], "NCHW", (0, 0), (0, 0, 1, 1)),  # TF "same", stride 2
+        ([0, 0, 0, 0, 2, 0, 1, 3], "NCHW", (1, 1), (3, 2, 1, 4)),
+        ([0, 0, 0, 1, 2, 0, 0, 0], "NHWC", (0, 0), (0, 2, 1, 0)),
+    ],
+)
+def test_asymmetric_pads_fold_where_the_library_pads_itself(pad_width, layout, padding, want):
+    mod = _module(pad_width, layout=layout, padding=padding)
+    assert _calls(FoldPadIntoConv()(mod), "relax.nn.pad")  # default: symmetric only
+    out = FoldPadIntoConv(asymmetric=True)(mod)
+    assert not _calls(out, "relax.nn.pad")
+    assert tuple(int(p) for p in _calls(out, "relax.nn.conv2d")[0].attrs.padding) == want
+    for got, ref in zip(_run(out), _run(mod)):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_nonzero_pad_value_stays():
     mod = _module([0, 0, 0, 0, 1, 1, 1, 1], pad_value=1.5)
     out = FoldPadIntoConv()(mod)

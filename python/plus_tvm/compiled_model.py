@@ -116,6 +116,10 @@ class CompiledModel:
         vm = getattr(self._local, "vm", None)
         if vm is None:
             with self._lock:  # VM construction reads the shared executable
+                if self.device.dlpack_device_type() == tvm.cpu().dlpack_device_type():
+                    from .runtime import use_native
+
+                    use_native()  # the VM resolves kernel names when it is built
                 vm = self._local.vm = VirtualMachine(self.executable, self.device)
         return vm, weights
 

@@ -8,7 +8,8 @@ instruments (IR dumps, timing) see phase boundaries.
 Phase contents today (later work replaces phases one by one, and says so here):
 
 1. dispatch  - ``WrapTakeIndices`` (no gather reads outside its table), ``GlobalPoolToMean``,
-               ``SimplifyViews``, ``FoldPadIntoConv``; ``PlusDispatch``
+               ``SimplifyViews``, ``FoldPadIntoConv``, ``ConvertToChannelsLast`` (CPU:
+               convolutions and what lies between them in NHWC); ``PlusDispatch``
                (PluS +Graph matching, warehouse library calls) when
                ``dispatch`` is on; TVM's library dispatch for the target (sort/scan)
 2. legalize  - ``LegalizeOps``, ``AnnotateTIROpPattern``, ``AnnotateMapPattern`` (mapping
@@ -50,16 +51,31 @@ def _is_gpu(target: tvm.target.Target) -> bool:
 def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     """Phase 1: +Graph identification and warehouse library calls (``dispatch``), then TVM's
     own library dispatch for the target."""
-    from .passes import FoldPadIntoConv, GlobalPoolToMean, SimplifyViews, WrapTakeIndices
+    from .passes import (
+        ConvertToChannelsLast,
+        FoldPadIntoConv,
+        GlobalPoolToMean,
+        SimplifyViews,
+        WrapTakeIndices,
+    )
 
     # identity views, zero pads and pads a convolution can do itself out of the way first:
     # each would be a kernel of its own
+    channels_last = options.channels_last(target)
     passes: list[tvm.transform.Pass] = [
         WrapTakeIndices(),  # gathers never read outside their table
         GlobalPoolToMean(),
         SimplifyViews(),
-        FoldPadIntoConv(),
+        FoldPadIntoConv(asymmetric=channels_last),
     ]
+    if channels_last:
+        passes += [
+            # tuples of a value and its unused companion (max_pool2d's indices) dissolved, so
+            # that the layout flows through them
+            relax.transform.CanonicalizeBindings(),
+            relax.transform.DeadCodeElimination(),
+            ConvertToChannelsLast(),
+        ]
     if options.dispatch:
         from .costmodel import DispatchCost
         from .passes import PlusDispatch
@@ -68,11 +84,12 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         # with GIR schedules the TIR side of memory-bound subgraphs runs near copy bandwidth
         cost = DispatchCost(tir_gbps=8.0 if options.gir_enabled(target) else 1.0)
         cost = cost if options.dispatch_cost_model else None
+        nan = options.propagate_nan
         # loaded here, not inside the pass: an error in a user's entry then reaches the caller
         # as the WarehouseError naming the file and line (TVM's pass manager would turn it
         # into a bare RuntimeError)
         warehouse = load_warehouse(options.warehouse)
-        passes.append(PlusDispatch(warehouse=warehouse, cost=cost))
+        passes.append(PlusDispatch(warehouse=warehouse, cost=cost, propagate_nan=nan))
         if options.merge_linears:
             from .passes import MergeSiblingLinears
 

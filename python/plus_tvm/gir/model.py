@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from ..paths import cache_dir
 from .analysis import Kernel
 from .ir import Graph, Hierarchy, Kind, Scope
 from .rewrite import Capacity
@@ -153,13 +154,6 @@ def machine_for(target: tvm.target.Target) -> Machine:
 
 
 # ------------------------------------------------------------------ measured CPU figures
-def _cache_dir() -> str:
-    base = os.environ.get("PLUS_TVM_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "plus_tvm"
-    )
-    return base
-
-
 def figures_key(target: tvm.target.Target) -> str:
     cpu = ""
     try:
@@ -175,7 +169,7 @@ def figures_key(target: tvm.target.Target) -> str:
 
 
 def figures_path(target: tvm.target.Target) -> str:
-    return os.path.join(_cache_dir(), f"gir-figures-{figures_key(target)}.json")
+    return os.path.join(cache_dir(), f"gir-figures-{figures_key(target)}.json")
 
 
 def load_figures(target: tvm.target.Target) -> dict | None:
@@ -245,7 +239,7 @@ def measure_cpu(target: tvm.target.Target, store: bool = True, seconds: float = 
         "measured_at": time.time(),
     }
     if store:
-        os.makedirs(_cache_dir(), exist_ok=True)
+        os.makedirs(cache_dir(), exist_ok=True)
         tmp = figures_path(target) + ".tmp"
         with open(tmp, "w") as f:
             json.dump(figures, f)

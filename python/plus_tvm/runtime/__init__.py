@@ -28,6 +28,7 @@ from __future__ import annotations
 import tvm_ffi
 
 from ..threads import physical_cores
+from . import native
 from ._common import ConfigSpec, LibraryKernel, PrepackCache, to_torch
 from .attention import Attention
 from .conv2d import Conv2d
@@ -60,6 +61,13 @@ def register() -> None:
         tvm_ffi.register_global_func(name, kernel, override=True)
 
 
+def use_native() -> bool:
+    """Put the native kernels (``runtime/native``) in front of the Python ones, building them
+    the first time on this machine; returns whether they are in use. Call before building a
+    ``VirtualMachine`` for a CPU model (the VM resolves kernel names when it is built)."""
+    return native.ensure(KERNELS)
+
+
 def clear_caches() -> None:
     """Drop every prepacked weight (and the per-shape choices of ``plus.conv2d``).
 
@@ -67,6 +75,7 @@ def clear_caches() -> None:
     """
     for kernel in KERNELS.values():
         kernel.cache.clear()
+    native.clear()
     KERNELS["plus.conv2d"].choices.clear()
     KERNELS["plus.conv2d"].folded.clear()
     KERNELS["plus.attention"].causal_masks.clear()
@@ -81,6 +90,7 @@ def forget_tensor(tensor: object) -> None:
     ptr = to_torch(tensor).data_ptr()
     for kernel in KERNELS.values():
         kernel.forget(ptr)
+    native.forget(ptr)
 
 
 register()
@@ -95,6 +105,8 @@ __all__ = [
     "forget_tensor",
     "library_gflops",
     "library_time_us",
+    "native",
     "physical_cores",
     "register",
+    "use_native",
 ]

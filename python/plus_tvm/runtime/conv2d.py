@@ -1,9 +1,21 @@
-"""``plus.conv2d``: ``out = act(conv2d(x, w) + bias) + residual`` in NCHW / OIHW.
+"""``plus.conv2d``: ``out = post_act(act(conv2d(x, w) + bias) + residual)``.
 
-Call: ``plus.conv2d(x, w, [bias], [residual], config, out)``. Keys: ``stride=a,b``,
-``padding=t,l,b,r`` (one value or two ``h,w`` are also accepted), ``dilation=a,b``,
-``groups=<int>``, ``bias=0|1``, ``residual=0|1``, ``act=none|relu|gelu|gelu_tanh|silu|sigmoid|
-tanh``, ``prepack=1|0``.
+Call: ``plus.conv2d(x, w, [bias], [gamma, beta, mean, var], [residual], config, out)``. Keys:
+``stride=a,b``, ``padding=t,l,b,r`` (one value or two ``h,w`` are also accepted; top / bottom
+and left / right may differ), ``dilation=a,b``, ``groups=<int>``, ``bias=0|1``, ``bn=0|1``
+(with ``bn_eps``), ``residual=0|1``, ``act`` and ``post_act`` (``none|relu|relu6|gelu|
+gelu_tanh|silu|sigmoid|tanh``: before and after the residual add), ``layout=nchw|nhwc``,
+``nan=1|0``, ``prepack=1|0``.
+
+``layout`` is the layout of ``x``, ``residual`` and ``out``: ``nchw`` (``[N, C, H, W]``) or
+``nhwc`` (``[N, H, W, C]``, channels last); the weight is always the model's OIHW tensor (its
+packed form is the library's business). ``nan=1`` (the default): a NaN reaching ReLU / ReLU6
+gives NaN, as in torch; ``nan=0`` lets the implementation return 0 there.
+
+On CPU fp32 with ``layout=nhwc`` the native kernel (``runtime/native/onednn_conv2d.cc``) runs
+in front of this one: oneDNN with every epilogue as a post-op and the padding done by the
+convolution, writing ``out`` in place. What follows is the Python implementation, the
+reference and the fallback for every other call.
 
 Two CPU fp32 implementations, neither best everywhere (measured on ResNet-50 shapes, 2 cores):
 
@@ -66,6 +78,9 @@ CONV2D_SPEC = ConfigSpec(
     bias=flag(),
     residual=flag(),
     act=choice(*ACTIVATIONS),
+    post_act=choice(*ACTIVATIONS),
+    layout=choice("nchw", "nhwc"),
+    nan=flag(True),
     prepack=flag(True),
     bn=flag(),
     bn_eps=real(1e-5),
@@ -123,23 +138,27 @@ class Conv2d(LibraryKernel):
         x, w = inputs[0], inputs[1]
         if x.dim() != 4 or w.dim() != 4:
             raise ValueError(
-                f"{self.name}: x must be NCHW and w OIHW (4-D), got {tuple(x.shape)} and "
-                f"{tuple(w.shape)}"
+                f"{self.name}: x must be {cfg.layout.upper()} and w OIHW (4-D), got "
+                f"{tuple(x.shape)} and {tuple(w.shape)}"
             )
-        if cfg.groups < 1 or x.shape[1] != w.shape[1] * cfg.groups:
+        channels = x.shape[3] if cfg.layout == "nhwc" else x.shape[1]
+        if cfg.groups < 1 or channels != w.shape[1] * cfg.groups:
             raise ValueError(
-                f"{self.name}: groups={cfg.groups} does not match x channels {x.shape[1]} and "
+                f"{self.name}: groups={cfg.groups} does not match x channels {channels} and "
                 f"w in-channels {w.shape[1]}"
             )
 
     def out_shape(self, cfg, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
         x, w = inputs[0], inputs[1]
+        spatial = x.shape[1:3] if cfg.layout == "nhwc" else x.shape[2:]
         t, left, b, r = cfg.padding
         sizes = []
         for size, pad, k, s, d in zip(
-            x.shape[2:], (t + b, left + r), w.shape[2:], cfg.stride, cfg.dilation, strict=True
+            spatial, (t + b, left + r), w.shape[2:], cfg.stride, cfg.dilation, strict=True
         ):
             sizes.append((size + pad - d * (k - 1) - 1) // s + 1)
+        if cfg.layout == "nhwc":
+            return (x.shape[0], *sizes, w.shape[0])
         return (x.shape[0], w.shape[0], *sizes)
 
     @staticmethod
@@ -252,8 +271,15 @@ class Conv2d(LibraryKernel):
             stats = [rest.pop(0) for _ in range(4)]
             w, bias = self._fold(cfg, w, bias, stats)
         residual = rest.pop(0) if cfg.residual else None
+        if cfg.layout == "nhwc":  # NCHW views with channels-last strides: ATen keeps them
+            x, out = _nchw_view(x), _nchw_view(out)
+            residual = _nchw_view(residual) if residual is not None else None
         args = (x, w, bias, residual, out)
-        if not (cfg.prepack and onednn_usable(x, w, out)):
+        if cfg.post_act != "none":  # the activation after the residual add: on out, in place
+            self._aten(cfg, *args)
+            apply_activation_(out, cfg.post_act)
+            return
+        if cfg.layout == "nhwc" or not (cfg.prepack and onednn_usable(x, w, out)):
             self._aten(cfg, *args)
             return
         key = (tuple(x.shape), tuple(w.shape), cfg, residual is not None)
@@ -267,6 +293,11 @@ class Conv2d(LibraryKernel):
 
 # activations whose oneDNN post-op drops NaN, as the clamp bounds torch applies instead
 _NAN_DROPPING_POST_OPS = {"relu": (0.0, None), "relu6": (0.0, 6.0)}
+
+
+def _nchw_view(t: torch.Tensor) -> torch.Tensor:
+    """The NCHW-shaped view of an NHWC tensor (channels-last strides, no copy)."""
+    return t.permute(0, 3, 1, 2)
 
 
 def _holds(tensors: tuple, data_ptr: int) -> bool:

@@ -60,11 +60,14 @@ class Ctx:
         members: tuple[int, ...],
         weights: set[int],
         taken: set[int] = frozenset(),
+        propagate_nan: bool = True,
     ) -> None:
         self.g = graph
         self.members = set(members)
         self.weights = weights  # var ids of function parameters that are weights
         self.taken = taken  # bindings earlier library calls absorbed
+        # NaN must reach the output through activations (Options.propagate_nan)
+        self.propagate_nan = propagate_nan
 
     # --- bindings -------------------------------------------------------------------------
     def index(self, expr: relax.Expr) -> int | None:
@@ -115,6 +118,19 @@ class Ctx:
             isinstance(expr, relax.Var) and expr.id_ in self.weights
         )
 
+    def is_weight_view(self, expr: relax.Expr) -> bool:
+        """A weight, or a reshape-like view of one bound in the block (a bias broadcast as
+        ``[1, C, 1, 1]``, re-laid as ``[1, 1, 1, C]`` for channels last): the same values in
+        the same order, which a library reads through its own reshape."""
+        seen = 0
+        while not self.is_weight(expr):
+            found = self.block_call(expr)
+            if found is None or self.op(found[0]) not in VIEW_OPS or seen > 8:
+                return False
+            expr = found[1].args[0]
+            seen += 1
+        return True
+
     def is_scalar_const(self, expr: relax.Expr) -> float | None:
         if isinstance(expr, tvm.ir.expr.Constant):
             arr = expr.value.numpy()
@@ -160,7 +176,7 @@ def classify_add(
     other = b if a.same_as(ctx.var(cur)) else a
     if other.same_as(ctx.var(cur)):
         return None
-    if can_bias and ctx.is_weight(other) and bias_fits(shape_of(other)):
+    if can_bias and ctx.is_weight_view(other) and bias_fits(shape_of(other)):
         return "bias", other
     if can_residual and same_shape(other, ctx.var(nxt)) and ctx.defined_before(other, nxt):
         return "residual", other

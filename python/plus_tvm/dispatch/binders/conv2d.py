@@ -1,114 +1,166 @@
-"""Convolution binder (``torch.conv2d``): NCHW / OIHW conv2d with a weight, then a bias add
-(a [1, C, 1, 1] or [C, 1, 1] weight), an activation and a residual add as kernel epilogues."""
+"""Convolution binder (``torch.conv2d``): a 2-D convolution in NCHW or NHWC with an OIHW weight,
+then what the library applies on the way out: a bias add (a weight of the channel count that
+broadcasts along the channel axis), a folded inference BatchNorm, an activation, a residual add
+and an activation after it."""
 
 from __future__ import annotations
+
+import math
 
 from tvm import relax
 
 from .common import Ctx, LibraryCall, activation_of, classify_add, pre_binding, shape_of
+
+# data layout -> (config value, channel axis of the activations)
+_LAYOUTS = {"NCHW": ("nchw", 1), "NHWC": ("nhwc", 3)}
 
 
 def bind_conv2d(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     for i in members:
         if ctx.op(i) != "relax.nn.conv2d":
             continue
-        call = ctx.call(i)
-        at = call.attrs
-        if str(at.data_layout) != "NCHW" or str(at.kernel_layout) != "OIHW":
-            return None
-        if str(at.out_layout) not in ("NCHW", ""):
-            return None
-        x, w = call.args
-        if not ctx.is_weight(w):
-            return None
-        c_out = shape_of(w)[0]
-        pad = [int(p) for p in at.padding]
-        if len(pad) == 2:
-            pad = [pad[0], pad[1], pad[0], pad[1]]
-        elif len(pad) == 1:
-            pad = pad * 4
-        cfg: dict[str, object] = {
-            "stride": [int(s) for s in at.strides],
-            "padding": pad,
-            "dilation": [int(d) for d in at.dilation],
-            "groups": int(at.groups),
-            "bias": False,
-            "residual": False,
-            "act": "none",
-        }
-        args: list[relax.Expr] = [x, w]
-        pre: list = []
-        absorbed = [i]
-        cur = i
-        bias = residual = None
-        act = "none"
-        stats: list[relax.Expr] | None = None
-        while True:
-            nxt = ctx.sole_consumer(cur, absorbed, anywhere=stats is not None)
-            if nxt is None and stats is None and act == "none" and residual is None:
-                folded = _batch_norm_after(ctx, cur, absorbed)
-                if folded is not None:  # conv -> batch_norm -> [0]: folded into the conv
-                    stats, eps, bn_index, item_index = folded
-                    cfg["bn"], cfg["bn_eps"] = True, eps
-                    absorbed += [bn_index, item_index]
-                    cur = item_index
-                    continue
-            if nxt is None:
-                break
-            op, c = ctx.op(nxt), ctx.call(nxt)
-            if op == "relax.add":
-                found = classify_add(
-                    ctx,
-                    cur,
-                    nxt,
-                    lambda shape, c=c_out: shape in ([1, c, 1, 1], [c, 1, 1]),
-                    can_bias=bias is None and act == "none" and residual is None,
-                    can_residual=residual is None,
-                )
-                if found is None:
-                    break
-                if found[0] == "bias":
-                    bias = found[1]
-                else:
-                    residual = found[1]
-            elif activation_of(op, c) is not None and act == "none" and residual is None:
-                act = activation_of(op, c)
-            else:
-                break
-            absorbed.append(nxt)
-            cur = nxt
-        if bias is not None:
-            pre.append(pre_binding("plus_bias", relax.op.reshape(bias, [c_out])))
-            args.append(pre[-1][0])
-            cfg["bias"] = True
-        if stats is not None:
-            args.extend(stats)
-        if residual is not None:
-            args.append(residual)
-            cfg["residual"] = True
-        cfg["act"] = act
-        return LibraryCall("plus.conv2d", args, cfg, cur, absorbed, pre)
+        return _bind(ctx, i)
     return None
 
 
-def _batch_norm_after(ctx: Ctx, cur: int, absorbed: list[int]):  # noqa: ANN202
-    """(statistics, eps, bn binding, item binding) for ``bn = batch_norm(cur, ...); y =
-    bn[0]`` with weight statistics, channel axis 1, and nothing else using ``bn``."""
-    bn = ctx.sole_consumer(cur, absorbed, anywhere=True)
-    if bn is None or ctx.op(bn) != "relax.nn.batch_norm":
-        return None
-    call = ctx.call(bn)
+def _bind(ctx: Ctx, i: int) -> LibraryCall | None:
+    call = ctx.call(i)
     at = call.attrs
-    if int(at.axis) != 1 or not all(ctx.is_weight(a) for a in call.args[1:5]):
+    layout = str(at.data_layout)
+    if layout not in _LAYOUTS or str(at.kernel_layout) != "OIHW":
         return None
-    if not (bool(at.center) and bool(at.scale)) or getattr(at, "training", False):
+    if str(at.out_layout) not in (layout, ""):
         return None
-    node = ctx.g.nodes[bn]
-    if bn in ctx.g.outside_uses or len(node.consumers) != 1:
+    x, w = call.args
+    if not ctx.is_weight(w):
         return None
-    item = node.consumers[0]
-    value = ctx.value(item)
-    if not isinstance(value, relax.TupleGetItem) or int(value.index) != 0 or item in absorbed:
-        return None
-    gamma, beta, mean, var = call.args[1:5]
-    return [gamma, beta, mean, var], float(at.epsilon), bn, item
+    name, axis = _LAYOUTS[layout]
+    c_out = shape_of(w)[0]
+    pad = [int(p) for p in at.padding]
+    if len(pad) == 2:
+        pad = [pad[0], pad[1], pad[0], pad[1]]
+    elif len(pad) == 1:
+        pad = pad * 4
+    cfg: dict[str, object] = {
+        "stride": [int(s) for s in at.strides],
+        "padding": pad,
+        "dilation": [int(d) for d in at.dilation],
+        "groups": int(at.groups),
+        "layout": name,
+    }
+    if not ctx.propagate_nan:
+        cfg["nan"] = False
+    epilogue = _Epilogue(ctx, i, c_out, axis)
+    epilogue.walk()
+    args: list[relax.Expr] = [x, w]
+    pre: list = []
+    if epilogue.bias is not None:
+        pre.append(pre_binding("plus_bias", relax.op.reshape(epilogue.bias, [c_out])))
+        args.append(pre[-1][0])
+        cfg["bias"] = True
+    if epilogue.stats is not None:
+        args.extend(epilogue.stats)
+        cfg["bn"], cfg["bn_eps"] = True, epilogue.eps
+    if epilogue.residual is not None:
+        args.append(epilogue.residual)
+        cfg["residual"] = True
+    for key in ("act", "post_act"):
+        if getattr(epilogue, key) != "none":
+            cfg[key] = getattr(epilogue, key)
+    return LibraryCall("plus.conv2d", args, cfg, epilogue.cur, epilogue.absorbed, pre)
+
+
+class _Epilogue:
+    """The chain of consumers after the convolution that the call absorbs, in order: a bias or
+    a BatchNorm, an activation, a residual add, an activation."""
+
+    def __init__(self, ctx: Ctx, conv: int, channels: int, axis: int) -> None:
+        self.ctx = ctx
+        self.channels = channels
+        self.axis = axis
+        self.cur = conv
+        self.absorbed = [conv]
+        self.bias: relax.Expr | None = None
+        self.stats: list[relax.Expr] | None = None
+        self.eps = 1e-5
+        self.act = "none"
+        self.residual: relax.Expr | None = None
+        self.post_act = "none"
+
+    def bias_fits(self, shape: list) -> bool:
+        """A weight of ``channels`` values laid along the channel axis of the result (rank 4,
+        right-aligned broadcasting)."""
+        if None in shape or math.prod(shape) != self.channels or len(shape) > 4:
+            return False
+        padded = [1] * (4 - len(shape)) + list(shape)
+        return padded[self.axis] == self.channels
+
+    def walk(self) -> None:
+        ctx = self.ctx
+        while True:
+            nxt = ctx.sole_consumer(self.cur, self.absorbed, anywhere=self.stats is not None)
+            if nxt is None and self.stats is None and self.act == "none" and self.residual is None:
+                if self.batch_norm():
+                    continue
+            if nxt is None or not self.absorb(nxt):
+                return
+            self.absorbed.append(nxt)
+            self.cur = nxt
+
+    def absorb(self, nxt: int) -> bool:
+        ctx = self.ctx
+        op, c = ctx.op(nxt), ctx.call(nxt)
+        if op == "relax.add":
+            found = classify_add(
+                ctx,
+                self.cur,
+                nxt,
+                self.bias_fits,
+                can_bias=self.bias is None and self.act == "none" and self.residual is None,
+                can_residual=self.residual is None,
+            )
+            if found is None:
+                return False
+            if found[0] == "bias":
+                self.bias = found[1]
+            else:
+                self.residual = found[1]
+            return True
+        act = activation_of(op, c)
+        if act is None:
+            return False
+        if self.residual is None and self.act == "none":
+            self.act = act
+            return True
+        if self.residual is not None and self.post_act == "none":
+            self.post_act = act
+            return True
+        return False
+
+    def batch_norm(self) -> bool:
+        """``bn = batch_norm(cur, ...); y = bn[0]`` with weight statistics on the channel axis
+        and nothing else using ``bn``: folded into the convolution."""
+        ctx = self.ctx
+        bn = ctx.sole_consumer(self.cur, self.absorbed, anywhere=True)
+        if bn is None or ctx.op(bn) != "relax.nn.batch_norm":
+            return False
+        call = ctx.call(bn)
+        at = call.attrs
+        if int(at.axis) % 4 != self.axis or not all(ctx.is_weight(a) for a in call.args[1:5]):
+            return False
+        if not (bool(at.center) and bool(at.scale)) or getattr(at, "training", False):
+            return False
+        node = ctx.g.nodes[bn]
+        if bn in ctx.g.outside_uses or len(node.consumers) != 1:
+            return False
+        item = node.consumers[0]
+        value = ctx.value(item)
+        if not isinstance(value, relax.TupleGetItem) or int(value.index) != 0:
+            return False
+        if item in self.absorbed:
+            return False
+        self.stats = list(call.args[1:5])
+        self.eps = float(at.epsilon)
+        self.absorbed += [bn, item]
+        self.cur = item
+        return True

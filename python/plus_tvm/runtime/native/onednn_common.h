@@ -1,0 +1,369 @@
+// What the oneDNN kernels share: config parsing, tensor checks, the engine and per-thread
+// streams, and a bounded cache of packed weights that holds its source tensors.
+#ifndef PLUS_TVM_NATIVE_ONEDNN_COMMON_H_
+#define PLUS_TVM_NATIVE_ONEDNN_COMMON_H_
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/string.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace plus_native {
+
+namespace ffi = tvm::ffi;
+using dnnl::algorithm;
+using dnnl::memory;
+
+// ------------------------------------------------------------------------------------ engine
+
+inline dnnl::engine& Engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+inline dnnl::stream& Stream() {
+  thread_local dnnl::stream strm(Engine());
+  return strm;
+}
+
+// This thread's scratchpad for primitives created with scratchpad_mode::user (oneDNN's own is
+// shared by the threads of a process), grown to the largest size asked for.
+inline void* Scratchpad(size_t bytes) {
+  thread_local std::vector<uint64_t> buffer;
+  size_t words = (bytes + 63) / 8 + 8;
+  if (buffer.size() < words) buffer.resize(words);
+  uintptr_t p = reinterpret_cast<uintptr_t>(buffer.data());
+  return reinterpret_cast<void*>((p + 63) & ~uintptr_t(63));  // 64-byte aligned
+}
+
+// ------------------------------------------------------------------------------------ config
+
+// The activations of ../_common.py (ACTIVATIONS).
+inline bool IsActivation(const std::string& name) {
+  for (const char* known :
+       {"none", "relu", "relu6", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"}) {
+    if (name == known) return true;
+  }
+  return false;
+}
+
+// Appends ``act`` to ``ops`` as oneDNN post-ops and the indices of the PReLU post-ops it used to
+// ``prelu`` (each takes one zero as its weight). oneDNN's ReLU and clip compute max(x, 0),
+// which turns NaN into 0 where torch returns NaN; with ``nan`` they are built from PReLU with a
+// zero slope (x > 0 ? x : 0 * x, which keeps NaN) instead: relu = prelu, then x * 1 + 0 (-0
+// becomes +0); relu6 = 6 - relu(6 - relu(x)), exact for x >= 3 and within half an ulp of 6
+// (2.4e-7) below. Infinities give NaN there (0 * inf), never a number.
+inline void AppendActivation(dnnl::post_ops* ops, const std::string& act, bool nan,
+                             std::vector<int>* prelu) {
+  auto eltwise = [&](algorithm alg, float alpha, float beta) {
+    ops->append_eltwise(alg, alpha, beta);
+  };
+  auto zero_slope = [&]() {
+    prelu->push_back(ops->len());
+    ops->append_prelu(0);
+  };
+  if (act == "none") return;
+  if (act == "relu" && nan) {
+    zero_slope();
+    eltwise(algorithm::eltwise_linear, 1.f, 0.f);
+  } else if (act == "relu") {
+    eltwise(algorithm::eltwise_relu, 0.f, 0.f);
+  } else if (act == "relu6" && nan) {
+    zero_slope();
+    eltwise(algorithm::eltwise_linear, -1.f, 6.f);
+    zero_slope();
+    eltwise(algorithm::eltwise_linear, -1.f, 6.f);
+  } else if (act == "relu6") {
+    eltwise(algorithm::eltwise_clip_v2, 0.f, 6.f);
+  } else if (act == "silu") {
+    eltwise(algorithm::eltwise_swish, 1.f, 0.f);
+  } else if (act == "gelu") {
+    eltwise(algorithm::eltwise_gelu_erf, 0.f, 0.f);
+  } else if (act == "gelu_tanh") {
+    eltwise(algorithm::eltwise_gelu_tanh, 0.f, 0.f);
+  } else if (act == "sigmoid") {
+    eltwise(algorithm::eltwise_logistic, 0.f, 0.f);
+  } else if (act == "tanh") {
+    eltwise(algorithm::eltwise_tanh, 0.f, 0.f);
+  }
+}
+
+// The weight of every zero-slope PReLU post-op.
+inline memory ZeroSlope() {
+  static float zero = 0.f;
+  static memory slope(memory::desc({1}, memory::data_type::f32, memory::format_tag::a),
+                      Engine(), &zero);
+  return slope;
+}
+
+inline bool ParseInts(const std::string& text, int64_t* out, int count) {
+  std::vector<int64_t> values;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      values.push_back(std::stoll(item, &used));
+      if (used != item.size()) return false;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  if (values.size() == 1) values.assign(count, values[0]);
+  if (count == 4 && values.size() == 2) values = {values[0], values[1], values[0], values[1]};
+  if (static_cast<int>(values.size()) != count) return false;
+  std::copy(values.begin(), values.end(), out);
+  return true;
+}
+
+inline bool ParseFlag(const std::string& text, bool* out) {
+  if (text != "0" && text != "1") return false;
+  *out = text == "1";
+  return true;
+}
+
+inline bool ParseFloat(const std::string& text, float* out) {
+  try {
+    size_t used = 0;
+    *out = std::stof(text, &used);
+    return used == text.size();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// Calls ``visit(key, value)`` for every ``key=value`` item of a config string; false when an
+// item is malformed or ``visit`` refuses it.
+template <typename Visit>
+bool ForEachItem(const std::string& text, Visit visit) {
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ';')) {
+    if (item.empty()) continue;
+    size_t eq = item.find('=');
+    if (eq == std::string::npos) return false;
+    if (!visit(item.substr(0, eq), item.substr(eq + 1))) return false;
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------------------------ tensors
+
+inline bool IsCpuF32Compact(const DLTensor* t) {
+  if (t == nullptr || t->device.device_type != kDLCPU) return false;
+  if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) return false;
+  if (t->strides != nullptr) {
+    int64_t expected = 1;
+    for (int i = t->ndim - 1; i >= 0; --i) {
+      if (t->shape[i] != 1 && t->strides[i] != expected) return false;
+      expected *= t->shape[i];
+    }
+  }
+  return true;
+}
+
+inline float* DataOf(const DLTensor* t) {
+  return reinterpret_cast<float*>(static_cast<char*>(t->data) + t->byte_offset);
+}
+
+inline int64_t NumelOf(const DLTensor* t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
+// The tensors of ``(*tensors, config, out)`` (no allocation: the VM calls this per kernel).
+struct Call {
+  static constexpr int kMaxInputs = 12;
+  const DLTensor* inputs[kMaxInputs] = {};
+  int num_inputs = 0;
+  const DLTensor* out = nullptr;
+  std::string_view config;
+  ffi::String config_ref;  // keeps ``config`` alive
+};
+
+inline bool SplitCall(ffi::PackedArgs args, Call* call) {
+  int n = args.size();
+  if (n < 2 || n - 2 > Call::kMaxInputs) return false;
+  auto config = args[n - 2].try_cast<ffi::String>();
+  auto out = args[n - 1].try_cast<DLTensor*>();
+  if (!config.has_value() || !out.has_value()) return false;
+  call->config_ref = *config;
+  call->config = std::string_view(call->config_ref.data(), call->config_ref.size());
+  call->out = *out;
+  call->num_inputs = n - 2;
+  for (int i = 0; i < n - 2; ++i) {
+    auto t = args[i].try_cast<DLTensor*>();
+    if (!t.has_value()) return false;
+    call->inputs[i] = *t;
+  }
+  return true;
+}
+
+// Parsed configs by their text, looked up without allocating (the key views the stored text).
+template <typename Config>
+class ConfigCache {
+ public:
+  template <typename Parse>
+  const Config* Get(std::string_view text, Parse parse) {
+    auto it = entries_.find(text);
+    if (it != entries_.end()) return &it->second->config;
+    auto entry = std::make_unique<Entry>();
+    entry->text = std::string(text);
+    entry->config = parse(entry->text);
+    const Config* config = &entry->config;
+    std::string_view key(entry->text);
+    entries_.emplace(key, std::move(entry));
+    return config;
+  }
+
+ private:
+  struct Entry {
+    std::string text;
+    Config config;
+  };
+  std::unordered_map<std::string_view, std::unique_ptr<Entry>> entries_;
+};
+
+// A fixed-size key of integers (shapes, pointers) for the per-call caches.
+struct IntKey {
+  static constexpr int kMax = 24;
+  int64_t v[kMax] = {};
+  int n = 0;
+  void Add(int64_t x) {
+    if (n < kMax) v[n] = x;
+    ++n;
+  }
+  bool operator==(const IntKey& o) const {
+    return n == o.n && std::equal(v, v + std::min(n, kMax), o.v);
+  }
+};
+
+struct IntKeyHash {
+  size_t operator()(const IntKey& k) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < std::min(k.n, IntKey::kMax); ++i) {
+      h ^= static_cast<uint64_t>(k.v[i]);
+      h *= 1099511628211ull;
+    }
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+// ------------------------------------------------------------------------------------ weights
+
+// Weights reordered once into a primitive's preferred layout (with any folding done first).
+struct Packed {
+  std::vector<ffi::Tensor> sources;  // held: their addresses cannot be reused meanwhile
+  std::vector<uintptr_t> pointers;   // the data pointers the entry was made from
+  std::vector<memory> parts;         // what the kernel executes with
+  size_t bytes = 0;
+};
+
+// Packed forms keyed by a string the kernel builds (primitive + source pointers), bounded in
+// bytes (the oldest entries are dropped first, and re-packed if needed again). Not locked: the
+// kernel that owns it holds its own mutex around every use.
+class PackCache {
+ public:
+  std::shared_ptr<Packed> Find(const std::string& key) const {
+    auto it = entries_.find(key);
+    return it == entries_.end() ? nullptr : it->second;
+  }
+
+  // Returns how many older entries were dropped to stay within the budget.
+  int Insert(const std::string& key, std::shared_ptr<Packed> entry) {
+    bytes_ += entry->bytes;
+    entries_[key] = std::move(entry);
+    order_.push_back(key);
+    int dropped = 0;
+    while (bytes_ > budget_ && entries_.size() > 1) {
+      const std::string victim = order_.front();
+      order_.pop_front();
+      auto it = entries_.find(victim);
+      if (it == entries_.end() || victim == key) continue;
+      bytes_ -= it->second->bytes;
+      entries_.erase(it);
+      ++dropped;
+    }
+    return dropped;
+  }
+
+  void Forget(uintptr_t ptr) {
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      const auto& p = it->second->pointers;
+      if (std::find(p.begin(), p.end(), ptr) != p.end()) {
+        bytes_ -= it->second->bytes;
+        it = entries_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void Clear() {
+    entries_.clear();
+    order_.clear();
+    bytes_ = 0;
+  }
+
+  void SetBudget(size_t bytes) { budget_ = bytes; }
+  size_t size() const { return entries_.size(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::unordered_map<std::string, std::shared_ptr<Packed>> entries_;
+  std::deque<std::string> order_;
+  size_t bytes_ = 0;
+  size_t budget_ = size_t(4096) << 20;
+};
+
+// Hold the ffi::Tensor objects among ``args`` whose data pointers are in ``pointers``.
+inline void HoldSources(ffi::PackedArgs args, Packed* entry) {
+  for (int i = 0; i < args.size(); ++i) {
+    auto held = args[i].try_cast<ffi::Tensor>();
+    if (!held.has_value()) continue;
+    auto ptr = reinterpret_cast<uintptr_t>(DataOf((*held).GetDLTensorPtr()));
+    if (std::find(entry->pointers.begin(), entry->pointers.end(), ptr) != entry->pointers.end()) {
+      entry->sources.push_back(*held);
+    }
+  }
+}
+
+// Counters every kernel reports through its stats function.
+struct Counters {
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> fallbacks{0};
+  std::atomic<int64_t> packs{0};
+  std::atomic<int64_t> call_ns{0};     // inside the kernel, from entry to return
+  std::atomic<int64_t> execute_ns{0};  // inside oneDNN's primitives
+
+  std::string Json() const {
+    std::ostringstream os;
+    os << "\"calls\": " << calls << ", \"fallbacks\": " << fallbacks << ", \"packs\": " << packs
+       << ", \"call_us\": " << call_ns / 1000 << ", \"execute_us\": " << execute_ns / 1000;
+    return os.str();
+  }
+};
+
+inline int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace plus_native
+
+#endif  // PLUS_TVM_NATIVE_ONEDNN_COMMON_H_

@@ -1,0 +1,413 @@
+// plus.conv2d on oneDNN, called by TVM's VM without crossing into Python.
+//
+// The fast path of the ``plus.conv2d`` library kernel (../conv2d.py holds the contract and the
+// reference implementation): fp32 CPU tensors in the channels-last layout (``layout=nhwc``: x
+// ``[N, H, W, C]``, out ``[N, OH, OW, O]``; the weight as the model holds it, OIHW), with the
+// bias, a folded inference BatchNorm, the activation, the residual add and an activation after
+// it as oneDNN post-ops, and asymmetric padding done by the convolution itself. The result is
+// written straight into the VM's output buffer. Anything else (another layout, dtype or device, a
+// config key this file does not know, a shape it cannot check) goes to the Python implementation
+// the kernel was created with, which raises the errors.
+//
+// Caches: parsed configs by config string; primitives by (config, input shape, weight shape);
+// packed (and BatchNorm-folded) weights by (primitive, data pointers of the weight tensors),
+// holding their source tensors (see PackCache). One mutex guards them; primitives execute
+// outside it, each thread on its own stream.
+
+#include "onednn_common.h"
+
+#include <cmath>
+
+namespace plus_native {
+namespace {
+
+struct ConvConfig {
+  int64_t stride[2] = {1, 1};
+  int64_t padding[4] = {0, 0, 0, 0};  // top, left, bottom, right
+  int64_t dilation[2] = {1, 1};
+  int64_t groups = 1;
+  bool bias = false;
+  bool residual = false;
+  bool prepack = true;
+  bool bn = false;
+  float bn_eps = 1e-5f;
+  bool nhwc = false;
+  bool nan = true;  // NaN propagates through the activations (as in torch)
+  std::string act = "none";
+  std::string post_act = "none";
+  bool native = false;  // every key understood and the combination supported here
+
+  int inputs() const { return 2 + bias + 4 * bn + residual; }
+};
+
+ConvConfig ParseConvConfig(const std::string& text) {  // NOLINT: a parser, used by ConfigCache
+  ConvConfig cfg;
+  bool ok = ForEachItem(text, [&](const std::string& key, const std::string& value) {
+    if (key == "stride") return ParseInts(value, cfg.stride, 2);
+    if (key == "padding") return ParseInts(value, cfg.padding, 4);
+    if (key == "dilation") return ParseInts(value, cfg.dilation, 2);
+    if (key == "groups") return ParseInts(value, &cfg.groups, 1);
+    if (key == "bias") return ParseFlag(value, &cfg.bias);
+    if (key == "residual") return ParseFlag(value, &cfg.residual);
+    if (key == "prepack") return ParseFlag(value, &cfg.prepack);
+    if (key == "bn") return ParseFlag(value, &cfg.bn);
+    if (key == "bn_eps") return ParseFloat(value, &cfg.bn_eps);
+    if (key == "nan") return ParseFlag(value, &cfg.nan);
+    if (key == "layout") {
+      cfg.nhwc = value == "nhwc";
+      return value == "nhwc" || value == "nchw";
+    }
+    if (key == "act") {
+      cfg.act = value;
+      return IsActivation(value);
+    }
+    if (key == "post_act") {
+      cfg.post_act = value;
+      return IsActivation(value);
+    }
+    return false;  // a key of a newer contract: the Python side knows it
+  });
+  cfg.native = ok && cfg.nhwc && cfg.prepack && cfg.groups >= 1;
+  return cfg;
+}
+
+struct Plan {
+  dnnl::convolution_forward primitive;
+  memory::desc src, weights, user_weights, bias, dst, scratchpad;
+  int residual_arg = 0;
+  std::vector<int> prelu;  // post-ops whose weight is the zero slope
+};
+
+// What one call needs beyond its tensors: the primitive and the packed weights.
+struct Bound {
+  std::shared_ptr<Plan> plan;
+  std::shared_ptr<Packed> packed;
+};
+
+// This thread's memory objects for a primitive: their data handles are set per call.
+struct Memories {
+  std::shared_ptr<Plan> plan;  // held: the address keys the per-thread table
+  memory src, dst, bias, residual, scratchpad;
+};
+
+class Conv2d {
+ public:
+  // The fallback is a Python function: it is never released (at process exit, C++ destructors
+  // run after Python has shut down, and releasing it then would crash).
+  explicit Conv2d(ffi::Function fallback) : fallback_(new ffi::Function(std::move(fallback))) {}
+
+  void operator()(ffi::PackedArgs args, ffi::Any* rv) {
+    int64_t start = NowNs();
+    Call call;
+    if (!SplitCall(args, &call)) return Fallback(args, rv);
+    const ConvConfig* cfg;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cfg = configs_.Get(call.config, ParseConvConfig);
+    }
+    if (!cfg->native || call.num_inputs != cfg->inputs()) return Fallback(args, rv);
+    const DLTensor* const* t = call.inputs;
+    const DLTensor* x = t[0];
+    const DLTensor* w = t[1];
+    const DLTensor* y = call.out;
+    if (!IsCpuF32Compact(y) || y->ndim != 4 || x->ndim != 4 || w->ndim != 4) {
+      return Fallback(args, rv);
+    }
+    for (int i = 0; i < call.num_inputs; ++i) {
+      if (!IsCpuF32Compact(t[i])) return Fallback(args, rv);
+    }
+    int k = 2;
+    const DLTensor* bias = cfg->bias ? t[k++] : nullptr;
+    const DLTensor* stats[4] = {nullptr, nullptr, nullptr, nullptr};
+    for (int s = 0; cfg->bn && s < 4; ++s) stats[s] = t[k++];
+    const DLTensor* residual = cfg->residual ? t[k++] : nullptr;
+    if (!ShapesAgree(*cfg, x, w, bias, stats, residual, y)) return Fallback(args, rv);
+
+    IntKey key;
+    key.Add(reinterpret_cast<int64_t>(cfg));
+    for (int i = 0; i < 4; ++i) key.Add(x->shape[i]);
+    for (int i = 0; i < 4; ++i) key.Add(w->shape[i]);
+    for (const DLTensor* weight : {w, bias, stats[0], stats[1], stats[2], stats[3]}) {
+      key.Add(weight != nullptr ? reinterpret_cast<int64_t>(DataOf(weight)) : 0);
+    }
+    Bound bound;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto hit = bound_.find(key);
+      if (hit != bound_.end()) {
+        bound = hit->second;
+      } else {
+        try {
+          bound.plan = GetPlan(*cfg, x, w);
+          bound.packed = GetPacked(args, bound.plan, *cfg, w, bias, stats);
+        } catch (const dnnl::error&) {
+          bound.plan = nullptr;  // oneDNN has no primitive for it: the Python kernel runs it
+        }
+        if (bound.plan != nullptr) bound_.emplace(key, bound);
+      }
+    }
+    if (bound.plan == nullptr) return Fallback(args, rv);
+    Memories& mem = ThreadMemories(bound.plan);
+    mem.src.set_data_handle(DataOf(x));
+    mem.dst.set_data_handle(DataOf(y));
+    dnnl_exec_arg_t exec[12];
+    int n = 0;
+    exec[n++] = {DNNL_ARG_SRC, mem.src.get()};
+    exec[n++] = {DNNL_ARG_WEIGHTS, bound.packed->parts[0].get()};
+    exec[n++] = {DNNL_ARG_DST, mem.dst.get()};
+    if (bound.packed->parts.size() > 1) {
+      exec[n++] = {DNNL_ARG_BIAS, bound.packed->parts[1].get()};
+    } else if (bias != nullptr) {
+      mem.bias.set_data_handle(DataOf(bias));
+      exec[n++] = {DNNL_ARG_BIAS, mem.bias.get()};
+    }
+    if (residual != nullptr) {
+      mem.residual.set_data_handle(DataOf(residual));
+      exec[n++] = {bound.plan->residual_arg, mem.residual.get()};
+    }
+    if (bound.plan->scratchpad.get_size() > 0) {
+      mem.scratchpad.set_data_handle(Scratchpad(bound.plan->scratchpad.get_size()));
+      exec[n++] = {DNNL_ARG_SCRATCHPAD, mem.scratchpad.get()};
+    }
+    for (int index : bound.plan->prelu) {
+      exec[n++] = {DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_WEIGHTS, ZeroSlope().get()};
+    }
+    dnnl::stream& strm = Stream();
+    int64_t begin = NowNs();
+    dnnl::error::wrap_c_api(
+        dnnl_primitive_execute(bound.plan->primitive.get(), strm.get(), n, exec),
+        "plus.conv2d: oneDNN could not run the convolution");
+    strm.wait();
+    int64_t end = NowNs();
+    counters_.calls += 1;
+    counters_.execute_ns += end - begin;
+    counters_.call_ns += end - start;
+  }
+
+  void Forget(uintptr_t ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    packed_.Forget(ptr);
+    bound_.clear();
+  }
+
+  void Clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    packed_.Clear();
+    plans_.clear();
+    bound_.clear();
+  }
+
+  void SetBudget(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    packed_.SetBudget(static_cast<size_t>(bytes));
+    bound_.clear();
+  }
+
+  std::string Stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::ostringstream os;
+    os << "{" << counters_.Json() << ", \"primitives\": " << plans_.size()
+       << ", \"packed\": " << packed_.size() << ", \"packed_bytes\": " << packed_.bytes() << "}";
+    return os.str();
+  }
+
+ private:
+  void Fallback(ffi::PackedArgs args, ffi::Any* rv) {
+    counters_.fallbacks += 1;
+    fallback_->CallPacked(args, rv);
+  }
+
+  static Memories& ThreadMemories(const std::shared_ptr<Plan>& plan) {
+    thread_local std::unordered_map<const Plan*, Memories> table;
+    auto it = table.find(plan.get());
+    if (it != table.end()) return it->second;
+    dnnl::engine& eng = Engine();
+    Memories mem;
+    mem.plan = plan;
+    mem.src = memory(plan->src, eng, DNNL_MEMORY_NONE);
+    mem.dst = memory(plan->dst, eng, DNNL_MEMORY_NONE);
+    mem.bias = memory(plan->bias, eng, DNNL_MEMORY_NONE);
+    mem.residual = memory(plan->dst, eng, DNNL_MEMORY_NONE);
+    mem.scratchpad = memory(plan->scratchpad, eng, DNNL_MEMORY_NONE);
+    return table.emplace(plan.get(), std::move(mem)).first->second;
+  }
+
+  static bool ShapesAgree(const ConvConfig& cfg, const DLTensor* x, const DLTensor* w,
+                          const DLTensor* bias, const DLTensor* const* stats,
+                          const DLTensor* residual, const DLTensor* y) {
+    int64_t oc = w->shape[0];
+    if (x->shape[3] != w->shape[1] * cfg.groups || oc % cfg.groups != 0) return false;
+    if (bias != nullptr && NumelOf(bias) != oc) return false;
+    for (int s = 0; s < 4; ++s) {
+      if (stats[s] != nullptr && NumelOf(stats[s]) != oc) return false;
+    }
+    int64_t sizes[2];
+    for (int d = 0; d < 2; ++d) {
+      int64_t span = x->shape[1 + d] + cfg.padding[d] + cfg.padding[d + 2] -
+                     cfg.dilation[d] * (w->shape[2 + d] - 1) - 1;
+      if (span < 0 || cfg.stride[d] < 1 || cfg.dilation[d] < 1) return false;
+      sizes[d] = span / cfg.stride[d] + 1;
+    }
+    if (y->shape[0] != x->shape[0] || y->shape[1] != sizes[0] || y->shape[2] != sizes[1] ||
+        y->shape[3] != oc) {
+      return false;
+    }
+    if (residual == nullptr) return true;
+    if (residual->ndim != 4) return false;
+    for (int i = 0; i < 4; ++i) {
+      if (residual->shape[i] != y->shape[i]) return false;
+    }
+    return true;
+  }
+
+  std::shared_ptr<Plan> GetPlan(const ConvConfig& cfg, const DLTensor* x, const DLTensor* w) {
+    IntKey key;
+    key.Add(reinterpret_cast<int64_t>(&cfg));
+    for (int i = 0; i < 4; ++i) key.Add(x->shape[i]);
+    for (int i = 0; i < 4; ++i) key.Add(w->shape[i]);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+
+    using tag = memory::format_tag;
+    auto f32 = memory::data_type::f32;
+    int64_t n = x->shape[0], h = x->shape[1], wd = x->shape[2], c = x->shape[3];
+    int64_t oc = w->shape[0], kh = w->shape[2], kw = w->shape[3], g = cfg.groups;
+    int64_t oh = (h + cfg.padding[0] + cfg.padding[2] - cfg.dilation[0] * (kh - 1) - 1) /
+                     cfg.stride[0] + 1;
+    int64_t ow = (wd + cfg.padding[1] + cfg.padding[3] - cfg.dilation[1] * (kw - 1) - 1) /
+                     cfg.stride[1] + 1;
+    auto plan = std::make_shared<Plan>();
+    plan->src = memory::desc({n, c, h, wd}, f32, tag::nhwc);
+    plan->dst = memory::desc({n, oc, oh, ow}, f32, tag::nhwc);
+    memory::dims wdims =
+        g > 1 ? memory::dims{g, oc / g, c / g, kh, kw} : memory::dims{oc, c, kh, kw};
+    plan->user_weights = memory::desc(wdims, f32, g > 1 ? tag::goihw : tag::oihw);
+    plan->bias = memory::desc({oc}, f32, tag::a);
+    dnnl::post_ops ops;
+    AppendActivation(&ops, cfg.act, cfg.nan, &plan->prelu);
+    if (cfg.residual) {
+      plan->residual_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
+      ops.append_binary(algorithm::binary_add, plan->dst);
+    }
+    AppendActivation(&ops, cfg.post_act, cfg.nan, &plan->prelu);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    // the caller's scratchpad, one per thread: the library's own is shared between threads
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    memory::desc weights_any(wdims, f32, tag::any);
+    memory::dims strides{cfg.stride[0], cfg.stride[1]};
+    memory::dims dilates{cfg.dilation[0] - 1, cfg.dilation[1] - 1};
+    memory::dims pad_l{cfg.padding[0], cfg.padding[1]}, pad_r{cfg.padding[2], cfg.padding[3]};
+    auto kind = dnnl::prop_kind::forward_inference;
+    auto direct = algorithm::convolution_direct;
+    auto pd = (cfg.bias || cfg.bn)
+                  ? dnnl::convolution_forward::primitive_desc(
+                        Engine(), kind, direct, plan->src, weights_any, plan->bias, plan->dst,
+                        strides, dilates, pad_l, pad_r, attr)
+                  : dnnl::convolution_forward::primitive_desc(Engine(), kind, direct, plan->src,
+                                                              weights_any, plan->dst, strides,
+                                                              dilates, pad_l, pad_r, attr);
+    plan->weights = pd.weights_desc();
+    plan->scratchpad = pd.scratchpad_desc();
+    plan->primitive = dnnl::convolution_forward(pd);
+    plans_.emplace(key, plan);
+    return plan;
+  }
+
+  std::shared_ptr<Packed> GetPacked(ffi::PackedArgs args, const std::shared_ptr<Plan>& plan,
+                                    const ConvConfig& cfg, const DLTensor* w,
+                                    const DLTensor* bias, const DLTensor* const* stats) {
+    std::vector<uintptr_t> pointers{reinterpret_cast<uintptr_t>(DataOf(w))};
+    if (cfg.bn) {
+      if (bias != nullptr) pointers.push_back(reinterpret_cast<uintptr_t>(DataOf(bias)));
+      for (int s = 0; s < 4; ++s) pointers.push_back(reinterpret_cast<uintptr_t>(DataOf(stats[s])));
+    }
+    std::ostringstream key;
+    key << plan.get() << '|' << cfg.bn_eps;
+    for (uintptr_t p : pointers) key << ',' << p;
+    auto hit = packed_.Find(key.str());
+    if (hit != nullptr) return hit;
+
+    auto entry = std::make_shared<Packed>();
+    entry->pointers = pointers;
+    HoldSources(args, entry.get());
+    const float* source = DataOf(w);
+    std::vector<float> folded;
+    dnnl::engine& eng = Engine();
+    memory folded_bias;
+    if (cfg.bn) {  // W * s and (bias - mean) * s + beta, s = gamma / sqrt(var + eps)
+      int64_t oc = w->shape[0], per_out = NumelOf(w) / oc;
+      const float *gamma = DataOf(stats[0]), *beta = DataOf(stats[1]);
+      const float *mean = DataOf(stats[2]), *var = DataOf(stats[3]);
+      folded.resize(NumelOf(w));
+      folded_bias = memory(plan->bias, eng);
+      float* b = static_cast<float*>(folded_bias.get_data_handle());
+      for (int64_t o = 0; o < oc; ++o) {
+        float scale = gamma[o] / std::sqrt(var[o] + cfg.bn_eps);
+        for (int64_t i = 0; i < per_out; ++i) {
+          folded[o * per_out + i] = source[o * per_out + i] * scale;
+        }
+        float b0 = bias != nullptr ? DataOf(bias)[o] : 0.f;
+        b[o] = (b0 - mean[o]) * scale + beta[o];
+      }
+      source = folded.data();
+      entry->bytes += oc * sizeof(float);
+    }
+    memory user(plan->user_weights, eng, const_cast<float*>(source));
+    memory packed(plan->weights, eng);
+    dnnl::stream& strm = Stream();
+    dnnl::reorder(user, packed).execute(strm, user, packed);
+    strm.wait();
+    entry->parts.push_back(packed);
+    if (cfg.bn) entry->parts.push_back(folded_bias);
+    entry->bytes += plan->weights.get_size();
+    if (packed_.Insert(key.str(), entry) > 0) bound_.clear();  // evicted entries: not pinned
+    counters_.packs += 1;
+    return entry;
+  }
+
+  ffi::Function* fallback_;
+  std::mutex mutex_;
+  ConfigCache<ConvConfig> configs_;
+  std::unordered_map<IntKey, std::shared_ptr<Plan>, IntKeyHash> plans_;
+  std::unordered_map<IntKey, Bound, IntKeyHash> bound_;
+  PackCache packed_;
+  Counters counters_;
+};
+
+// The process's plus.conv2d (made by conv2d_create; the Python side keeps one per process, as it
+// keeps one Python kernel object per process).
+std::shared_ptr<Conv2d>& Instance() {
+  static auto* instance = new std::shared_ptr<Conv2d>();  // never destroyed (see Conv2d)
+  return *instance;
+}
+
+ffi::Function Conv2dCreate(ffi::Function fallback) {
+  auto kernel = std::make_shared<Conv2d>(std::move(fallback));
+  Instance() = kernel;
+  return ffi::Function::FromPacked(
+      [kernel](ffi::PackedArgs args, ffi::Any* rv) { (*kernel)(args, rv); });
+}
+
+void Conv2dForget(int64_t ptr) {
+  if (Instance()) Instance()->Forget(static_cast<uintptr_t>(ptr));
+}
+
+void Conv2dClear() {
+  if (Instance()) Instance()->Clear();
+}
+
+void Conv2dSetBudget(int64_t bytes) {
+  if (Instance()) Instance()->SetBudget(bytes);
+}
+
+ffi::String Conv2dStats() { return Instance() ? Instance()->Stats() : std::string("{}"); }
+
+}  // namespace
+}  // namespace plus_native
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(conv2d_create, plus_native::Conv2dCreate);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(conv2d_forget, plus_native::Conv2dForget);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(conv2d_clear, plus_native::Conv2dClear);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(conv2d_set_budget, plus_native::Conv2dSetBudget);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(conv2d_stats, plus_native::Conv2dStats);

@@ -1,0 +1,275 @@
+"""The native kernels (plus_tvm.runtime.native): built here, called by the VM without Python,
+and equal to torch on every form of their contract; everything else falls back to Python."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import plus_tvm.runtime as rt
+import pytest
+import torch
+import tvm
+from plus_tvm.runtime import native
+from plus_tvm.target import resolve_target
+from torch.nn import functional as F  # noqa: N812
+from tvm import relax
+
+TARGET = resolve_target("llvm")
+ACT = {
+    "none": lambda y: y,
+    "relu": F.relu,
+    "relu6": lambda y: y.clamp(0, 6),
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def natives():
+    if not rt.use_native():
+        pytest.fail(f"native kernels unavailable: {native.status()['reason']}")
+
+
+def conv_exe(shapes, config: str, out_shape):
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"in{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
+    with bb.function("main", params):
+        out = bb.emit(
+            relax.call_dps_packed(
+                "plus.conv2d",
+                [*params, tvm.ir.StringImm(config)],
+                out_ty=relax.TensorType(tuple(out_shape), "float32"),
+            )
+        )
+        bb.emit_func_output(out)
+    return tvm.compile(bb.get(), target=TARGET)
+
+
+def conv_vm(shapes, config: str, out_shape):
+    return relax.VirtualMachine(conv_exe(shapes, config, out_shape), tvm.cpu())["main"]
+
+
+def conv_stats() -> dict:
+    return native.status()["kernels"]["plus.conv2d"]
+
+
+def reference(x_nchw, w, bias, stats, residual, cfg) -> torch.Tensor:
+    t, left, b, r = cfg["padding"]
+    y = F.conv2d(
+        F.pad(x_nchw, (left, r, t, b)), w, bias, cfg["stride"], 0, cfg["dilation"], cfg["groups"]
+    )
+    if stats is not None:
+        gamma, beta, mean, var = stats
+        y = F.batch_norm(y, mean, var, gamma, beta, False, 0.0, cfg["eps"])
+    y = ACT[cfg["act"]](y)
+    if residual is not None:
+        y = y + residual
+    return ACT[cfg["post_act"]](y)
+
+
+def run_native(x_nchw, w, bias, stats, residual, cfg, nan=True) -> tuple[torch.Tensor, int]:
+    """Run plus.conv2d in NHWC through a VM; returns the NCHW result and how many calls fell
+    back to Python."""
+    x = x_nchw.permute(0, 2, 3, 1).contiguous()
+    inputs = [x, w]
+    config = {
+        "layout": "nhwc",
+        "stride": ",".join(map(str, cfg["stride"])),
+        "padding": ",".join(map(str, cfg["padding"])),
+        "dilation": ",".join(map(str, cfg["dilation"])),
+        "groups": cfg["groups"],
+        "act": cfg["act"],
+        "post_act": cfg["post_act"],
+        "nan": int(nan),
+    }
+    if bias is not None:
+        inputs.append(bias)
+        config["bias"] = 1
+    if stats is not None:
+        inputs.extend(stats)
+        config["bn"], config["bn_eps"] = 1, cfg["eps"]
+    if residual is not None:
+        inputs.append(residual.permute(0, 2, 3, 1).contiguous())
+        config["residual"] = 1
+    want = reference(x_nchw, w, bias, stats, residual, cfg)
+    out_shape = tuple(want.permute(0, 2, 3, 1).shape)
+    text = ";".join(f"{k}={v}" for k, v in config.items())
+    fn = conv_vm([tuple(t.shape) for t in inputs], text, out_shape)
+    before = conv_stats()["fallbacks"]
+    got = fn(*[tvm.runtime.tensor(t.numpy()) for t in inputs]).numpy()
+    fallbacks = conv_stats()["fallbacks"] - before
+    return torch.from_numpy(got).permute(0, 3, 1, 2), fallbacks
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    scale = max(1.0, float(want.abs().max()))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * scale, equal_nan=True)
+
+
+SHAPES = [
+    # cin, cout, k, stride, padding (t, l, b, r), dilation, groups, image
+    (3, 8, 3, 2, (0, 0, 1, 1), 1, 1, 11),  # TF "same" stride 2: one-sided padding
+    (8, 16, 3, 1, (1, 1, 1, 1), 1, 1, 9),
+    (8, 8, 3, 2, (1, 1, 1, 1), 1, 8, 10),  # depthwise
+    (8, 8, 5, 1, (2, 2, 2, 2), 1, 8, 9),
+    (6, 12, 3, 1, (1, 1, 1, 1), 1, 3, 8),  # grouped
+    (16, 24, 1, 1, (0, 0, 0, 0), 1, 1, 7),  # pointwise
+    (16, 24, 1, 2, (0, 0, 0, 0), 1, 1, 7),  # strided pointwise
+    (4, 8, 3, 1, (2, 2, 2, 2), 2, 1, 9),  # dilated
+    (4, 6, (3, 1), 1, (1, 0, 1, 0), 1, 1, 6),  # non-square kernel
+    (32, 16, 1, 1, (0, 0, 0, 0), 1, 1, 1),  # a 1x1 image (squeeze-excitation)
+    (3, 4, 7, 2, (3, 3, 3, 3), 1, 1, 16),  # a 7x7 stem
+]
+
+
+@pytest.mark.parametrize("cin,cout,k,stride,padding,dilation,groups,image", SHAPES)
+def test_conv2d_native_shapes(cin, cout, k, stride, padding, dilation, groups, image):
+    kh, kw = k if isinstance(k, tuple) else (k, k)
+    x, w = torch.randn(2, cin, image, image + 1), torch.randn(cout, cin // groups, kh, kw)
+    cfg = {
+        "stride": (stride, stride),
+        "padding": padding,
+        "dilation": (dilation, dilation),
+        "groups": groups,
+        "act": "none",
+        "post_act": "none",
+    }
+    got, fallbacks = run_native(x, w, None, None, None, cfg)
+    assert fallbacks == 0
+    close(got, reference(x, w, None, None, None, cfg))
+
+
+@pytest.mark.parametrize(
+    "bias,bn,act,residual,post_act",
+    [
+        (b, bn, a, r, p)
+        for b, bn, a, r, p in itertools.product(
+            (False, True), (False, True), ACT, (False, True), ("none", "relu", "relu6")
+        )
+        if (r or p == "none") and (a == "none" or p == "none" or r)
+    ][::3],  # every third combination (the product is large), all epilogues covered
+)
+def test_conv2d_native_epilogues(bias, bn, act, residual, post_act):
+    torch.manual_seed(hash((bias, bn, act, residual, post_act)) % 1000)
+    x, w = torch.randn(1, 8, 7, 7), torch.randn(12, 8, 3, 3)
+    b = torch.randn(12) if bias else None
+    stats = None
+    if bn:
+        stats = (torch.rand(12) + 0.5, torch.randn(12), torch.randn(12), torch.rand(12) + 0.1)
+    cfg = {
+        "stride": (1, 1),
+        "padding": (1, 1, 1, 1),
+        "dilation": (1, 1),
+        "groups": 1,
+        "act": act,
+        "post_act": post_act,
+        "eps": 1e-3,
+    }
+    res = torch.randn(1, 12, 7, 7) if residual else None
+    got, fallbacks = run_native(x, w, b, stats, res, cfg)
+    assert fallbacks == 0
+    close(got, reference(x, w, b, stats, res, cfg))
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+def test_conv2d_native_nan_reaches_the_output(act):
+    """oneDNN's ReLU / clip turn NaN into 0; with nan=1 (the default) NaN comes out, as in torch."""
+    x, w = torch.randn(1, 4, 5, 5), torch.randn(4, 4, 1, 1)
+    x[0, :, 2, 3] = float("nan")
+    cfg = {
+        "stride": (1, 1),
+        "padding": (0, 0, 0, 0),
+        "dilation": (1, 1),
+        "groups": 1,
+        "act": act,
+        "post_act": "none",
+    }
+    got, _ = run_native(x, w, None, None, None, cfg)
+    want = reference(x, w, None, None, None, cfg)
+    assert torch.isnan(got[0, :, 2, 3]).all()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    close(got, want)
+    assert (got[~torch.isnan(got)] >= 0).all()  # ReLU's output never negative (no -0 either)
+    assert not torch.signbit(got[~torch.isnan(got)]).any()
+    dropped, _ = run_native(x, w, None, None, None, cfg, nan=False)  # allowed to drop NaN
+    close(dropped[~torch.isnan(want)], want[~torch.isnan(want)])
+
+
+def test_conv2d_native_falls_back_to_python_for_what_it_does_not_run():
+    x, w = torch.randn(1, 4, 6, 6), torch.randn(8, 4, 3, 3)
+    fn = conv_vm([(1, 4, 6, 6), (8, 4, 3, 3)], "layout=nchw;padding=1", (1, 8, 6, 6))
+    before = conv_stats()["fallbacks"]
+    got = fn(tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(w.numpy())).numpy()
+    assert conv_stats()["fallbacks"] == before + 1
+    close(torch.from_numpy(got), F.conv2d(x, w, padding=1))
+    bad = conv_vm([(1, 6, 6, 4), (8, 4, 3, 3)], "layout=nhwc;colour=red", (1, 4, 4, 8))
+    with pytest.raises(Exception, match=r"plus\.conv2d.*unknown config key 'colour'"):
+        bad(tvm.runtime.tensor(np.zeros((1, 6, 6, 4), "float32")), tvm.runtime.tensor(w.numpy()))
+
+
+def test_conv2d_native_forget_repacks_a_weight_changed_in_place():
+    x, w = torch.randn(1, 4, 6, 6), torch.randn(8, 4, 3, 3)
+    fn = conv_vm([(1, 6, 6, 4), (8, 4, 3, 3)], "layout=nhwc;padding=1", (1, 6, 6, 8))
+    xt, wt = (
+        tvm.runtime.tensor(x.permute(0, 2, 3, 1).contiguous().numpy()),
+        tvm.runtime.tensor(w.numpy()),
+    )
+    first = fn(xt, wt).numpy()
+    w2 = torch.randn(8, 4, 3, 3)
+    wt.copyfrom(w2.numpy())
+    assert np.array_equal(fn(xt, wt).numpy(), first)  # packed once: the cache cannot see the change
+    rt.forget_tensor(wt)
+    got = torch.from_numpy(fn(xt, wt).numpy()).permute(0, 3, 1, 2)
+    close(got, F.conv2d(x, w2, padding=1))
+
+
+def test_conv2d_native_from_several_threads():
+    torch.manual_seed(3)
+    w = torch.randn(16, 8, 3, 3)
+    exe = conv_exe(
+        [(1, 12, 12, 8), (16, 8, 3, 3)], "layout=nhwc;padding=1;act=relu", (1, 12, 12, 16)
+    )
+    wt = tvm.runtime.tensor(w.numpy())
+    xs = [torch.randn(1, 8, 12, 12) for _ in range(4)]
+    wants = [F.relu(F.conv2d(x, w, padding=1)) for x in xs]
+    errors = []
+
+    def work(i: int) -> None:  # one VM per thread (a VM holds per-call state), one kernel
+        fn = relax.VirtualMachine(exe, tvm.cpu())["main"]
+        xt = tvm.runtime.tensor(xs[i].permute(0, 2, 3, 1).contiguous().numpy())
+        for _ in range(20):
+            got = torch.from_numpy(fn(xt, wt).numpy()).permute(0, 3, 1, 2)
+            if not torch.allclose(got, wants[i], rtol=1e-4, atol=1e-4):
+                errors.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_status_names_why_native_kernels_are_unavailable(tmp_path):
+    """Without a compiler the Python kernels run, and status() says why."""
+    code = (
+        "import plus_tvm.runtime as rt, json;print(rt.use_native(), json.dumps(rt.native.status()))"
+    )
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), PLUS_TVM_CACHE_DIR=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.startswith("False") and "no C++ compiler" in out
+    env = dict(os.environ, PLUS_TVM_NATIVE="0")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.startswith("False") and "PLUS_TVM_NATIVE=0" in out
