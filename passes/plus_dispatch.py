@@ -24,6 +24,7 @@ from ..costmodel import DispatchCost, predict_library_us, predict_tir_us, work_o
 from ..dispatch.binders import BINDERS, Ctx, LibraryCall
 from ..dispatch.identify import Identifier
 from ..dispatch.opgraph import OpGraph
+from ..runtime.native import runs_natively
 
 
 @tvm.transform.module_pass(opt_level=0, name="PlusDispatch")
@@ -231,14 +232,14 @@ def _choose(match, ctx, graph, kind, cost, report):  # noqa: ANN001, ANN202
             if call is None:
                 report.declined[f"{entry.name}: {impl.name} cannot express it"] += 1
                 continue
-            if cost is not None and not _library_pays(call, match, cost):
+            if cost is not None and not _library_pays(call, match, cost, kind):
                 report.declined[f"{entry.name}: TIR predicted faster"] += 1
                 return None
             return entry, impl, call
     return None
 
 
-def _library_pays(call: LibraryCall, match, cost: DispatchCost) -> bool:  # noqa: ANN001
+def _library_pays(call: LibraryCall, match, cost: DispatchCost, kind: str) -> bool:  # noqa: ANN001
     flops = work_of(match.graph)
     if flops is None:
         return True  # symbolic sizes: sized at run time, assume large
@@ -252,4 +253,5 @@ def _library_pays(call: LibraryCall, match, cost: DispatchCost) -> bool:  # noqa
                     return True
                 n *= int(d)
             nbytes += n * tvm.runtime.DataType(str(ty.dtype)).bits / 8
-    return predict_library_us(cost, flops, nbytes) < predict_tir_us(cost, flops, nbytes)
+    native = kind == "llvm" and runs_natively(call.kernel, call.config)
+    return predict_library_us(cost, flops, nbytes, native) < predict_tir_us(cost, flops, nbytes)

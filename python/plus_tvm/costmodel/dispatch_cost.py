@@ -39,16 +39,21 @@ class DispatchCost:
     """Throughput figures of both sides (defaults: this project's 2-core CPU measurements)."""
 
     overhead_us: float = 10.0  # VM -> Python -> oneDNN crossing, 4x4 linear: 11.2-11.7 us
+    # VM -> C++ (runtime/native) -> oneDNN: about 1 us in the kernel around the primitive
+    # (MobileNetV2: 0.93 us per call) plus the VM's own dispatch
+    native_overhead_us: float = 2.0
     library_gflops: float = 400.0  # prepacked oneDNN GEMM at BERT shapes: 410-460
     library_gbps: float = 10.0
     tir_gflops: float = 0.3  # untuned TIR GEMM (BERT's FFN: 67 s for 14.5 GFLOP)
     tir_gbps: float = 1.0  # unscheduled TIR row kernels; GIR schedules reach ~10
 
 
-def predict_library_us(cost: DispatchCost, flops: float, nbytes: float) -> float:
-    return cost.overhead_us + max(
-        flops / (cost.library_gflops * 1e3), nbytes / (cost.library_gbps * 1e3)
-    )
+def predict_library_us(
+    cost: DispatchCost, flops: float, nbytes: float, native: bool = False
+) -> float:
+    """``native``: the call runs in a native kernel (no Python crossing)."""
+    overhead = cost.native_overhead_us if native else cost.overhead_us
+    return overhead + max(flops / (cost.library_gflops * 1e3), nbytes / (cost.library_gbps * 1e3))
 
 
 def predict_tir_us(cost: DispatchCost, flops: float, nbytes: float) -> float:

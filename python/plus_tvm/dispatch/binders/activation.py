@@ -47,10 +47,11 @@ _PROBE = np.linspace(-6.0, 6.0, 97)
 
 
 def recognise_activation(
-    ctx: Ctx, start: int, absorbed: list[int]
+    ctx: Ctx, start: int, absorbed: list[int], anywhere: bool = False
 ) -> tuple[str, int, list[int]] | None:
     """(activation, result binding, bindings) when the operators after ``start`` compute one
-    of the library's activations of ``start``'s value, else None."""
+    of the library's activations of ``start``'s value, else None. ``anywhere``: operators
+    outside the match may take part (after a folded BatchNorm, which +Graphs do not cover)."""
     src = ctx.var(start)
     inside: list[int] = []
     values: dict[int, np.ndarray] = {src.id_: _PROBE}
@@ -58,7 +59,9 @@ def recognise_activation(
     pending = list(frontier)
     while pending:
         i = pending.pop(0)
-        if i in inside or i in absorbed or i not in ctx.members:
+        if i in inside or i in absorbed or i in ctx.taken:
+            continue
+        if i not in ctx.members and not anywhere:
             continue
         call = ctx.call(i)
         if call is None:

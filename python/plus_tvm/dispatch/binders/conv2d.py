@@ -9,6 +9,7 @@ import math
 
 from tvm import relax
 
+from .activation import recognise_activation
 from .common import Ctx, LibraryCall, activation_of, classify_add, pre_binding, shape_of
 
 # data layout -> (config value, channel axis of the activations)
@@ -102,10 +103,25 @@ class _Epilogue:
             if nxt is None and self.stats is None and self.act == "none" and self.residual is None:
                 if self.batch_norm():
                     continue
+            if nxt is None and self.written_out_activation():
+                continue
             if nxt is None or not self.absorb(nxt):
                 return
             self.absorbed.append(nxt)
             self.cur = nxt
+
+    def written_out_activation(self) -> bool:
+        """An activation written out as operators (``x * sigmoid(x)``) where one may go."""
+        slot = "act" if self.residual is None else "post_act"
+        if getattr(self, slot) != "none" or (slot == "act" and self.act != "none"):
+            return False
+        found = recognise_activation(self.ctx, self.cur, self.absorbed, anywhere=True)
+        if found is None:
+            return False
+        act, self.cur, ops = found
+        setattr(self, slot, act)
+        self.absorbed.extend(ops)
+        return True
 
     def absorb(self, nxt: int) -> bool:
         ctx = self.ctx

@@ -34,12 +34,29 @@ from pathlib import Path
 from ...paths import cache_dir
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("onednn_common.h", "onednn_conv2d.cc")
+SOURCES = ("onednn_common.h", "onednn_conv2d.cc", "onednn_linear.cc")
 ONEDNN_PACKAGE = "onednn-cpu-gomp"
 ONEDNN_HEADERS_PACKAGE = "onednn-devel-cpu-gomp"
 ENABLE_ENV = "PLUS_TVM_NATIVE"
 # kernel name -> prefix of its exported functions (``<prefix>_create(fallback)`` etc.)
-KERNELS = {"plus.conv2d": "conv2d"}
+KERNELS = {
+    "plus.conv2d": "conv2d",
+    "plus.linear": "linear",
+    "plus.linear_layernorm": "linear_layernorm",
+}
+
+
+def runs_natively(kernel: str, config: dict[str, object]) -> bool:
+    """Whether a CPU call of ``kernel`` with ``config`` (the binder's dict) is one the native
+    kernels run (fp32 aside, which they check per call): the dispatcher's cost model prices its
+    crossing accordingly. Kept next to the C++ that decides the same (``cfg.native``)."""
+    if config.get("prepack", True) is False:
+        return False
+    if kernel == "plus.conv2d":
+        return config.get("layout") == "nhwc"
+    if kernel == "plus.linear":
+        return int(config.get("parts", 1)) == 1
+    return kernel == "plus.linear_layernorm"
 
 
 class NativeUnavailableError(Exception):

@@ -185,27 +185,40 @@ inline int64_t NumelOf(const DLTensor* t) {
   return n;
 }
 
-// The tensors of ``(*tensors, config, out)`` (no allocation: the VM calls this per kernel).
+// The tensors of ``(*tensors, config, out[, second_out])`` (no allocation: the VM calls this
+// per kernel).
 struct Call {
   static constexpr int kMaxInputs = 12;
   const DLTensor* inputs[kMaxInputs] = {};
   int num_inputs = 0;
   const DLTensor* out = nullptr;
+  const DLTensor* extra_out = nullptr;  // a second output, when the kernel has one
   std::string_view config;
   ffi::String config_ref;  // keeps ``config`` alive
 };
 
 inline bool SplitCall(ffi::PackedArgs args, Call* call) {
   int n = args.size();
-  if (n < 2 || n - 2 > Call::kMaxInputs) return false;
-  auto config = args[n - 2].try_cast<ffi::String>();
-  auto out = args[n - 1].try_cast<DLTensor*>();
-  if (!config.has_value() || !out.has_value()) return false;
-  call->config_ref = *config;
+  int at = -1;  // the config string: the last argument that is one
+  for (int i = n - 2; i >= 0 && i >= n - 3; --i) {
+    if (args[i].try_cast<ffi::String>().has_value()) {
+      at = i;
+      break;
+    }
+  }
+  if (at < 0 || at > Call::kMaxInputs) return false;
+  call->config_ref = args[at].cast<ffi::String>();
   call->config = std::string_view(call->config_ref.data(), call->config_ref.size());
+  auto out = args[at + 1].try_cast<DLTensor*>();
+  if (!out.has_value()) return false;
   call->out = *out;
-  call->num_inputs = n - 2;
-  for (int i = 0; i < n - 2; ++i) {
+  if (at + 2 < n) {
+    auto extra = args[at + 2].try_cast<DLTensor*>();
+    if (!extra.has_value()) return false;
+    call->extra_out = *extra;
+  }
+  call->num_inputs = at;
+  for (int i = 0; i < at; ++i) {
     auto t = args[i].try_cast<DLTensor*>();
     if (!t.has_value()) return false;
     call->inputs[i] = *t;
@@ -364,6 +377,159 @@ inline int64_t NowNs() {
       .count();
 }
 
+// ------------------------------------------------------------------------------------ calls
+
+// This thread's memory object for ``slot`` of a primitive owned by ``owner``, its data handle
+// set for the call (memory objects are made once per thread and primitive: a primitive may run
+// in several threads at once). ``owner`` is held so that its address keys nothing else.
+inline memory& ThreadMemory(const std::shared_ptr<void>& owner, int slot,
+                            const memory::desc& desc, void* data) {
+  thread_local std::unordered_map<IntKey, std::pair<std::shared_ptr<void>, memory>, IntKeyHash>
+      table;
+  IntKey key;
+  key.Add(reinterpret_cast<int64_t>(owner.get()));
+  key.Add(slot);
+  auto it = table.find(key);
+  if (it == table.end()) {
+    it = table.emplace(key, std::make_pair(owner, memory(desc, Engine(), DNNL_MEMORY_NONE))).first;
+  }
+  it->second.second.set_data_handle(data);
+  return it->second.second;
+}
+
+// The arguments of one primitive execution, built without allocating.
+struct ExecArgs {
+  dnnl_exec_arg_t args[16];
+  int n = 0;
+  void Add(int arg, const memory& mem) { args[n++] = {arg, mem.get()}; }
+  // the per-thread scratchpad of a primitive created with scratchpad_mode::user
+  void AddScratchpad(const std::shared_ptr<void>& owner, const memory::desc& desc) {
+    if (desc.get_size() == 0) return;
+    Add(DNNL_ARG_SCRATCHPAD, ThreadMemory(owner, -1, desc, Scratchpad(desc.get_size())));
+  }
+  void AddZeroSlopes(const std::vector<int>& prelu) {
+    for (int index : prelu) Add(DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_WEIGHTS, ZeroSlope());
+  }
+};
+
+// ------------------------------------------------------------------------------------ kernels
+
+// What every native kernel shares: the Python kernel it falls back to, one mutex for its caches,
+// its packed weights, its counters, and the cache management the Python side calls.
+class KernelBase {
+ public:
+  // The fallback is a Python function: it is never released (at process exit, C++ destructors
+  // run after Python has shut down, and releasing it then would crash).
+  explicit KernelBase(ffi::Function fallback) : fallback_(new ffi::Function(std::move(fallback))) {}
+  virtual ~KernelBase() = default;
+
+  void Forget(uintptr_t ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    packed_.Forget(ptr);
+    DropBound();
+  }
+
+  void Clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    packed_.Clear();
+    DropPlans();
+    DropBound();
+  }
+
+  void SetBudget(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    packed_.SetBudget(static_cast<size_t>(bytes));
+    DropBound();
+  }
+
+  std::string Stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::ostringstream os;
+    os << "{" << counters_.Json() << ", \"primitives\": " << NumPlans()
+       << ", \"packed\": " << packed_.size() << ", \"packed_bytes\": " << packed_.bytes() << "}";
+    return os.str();
+  }
+
+ protected:
+  void Fallback(ffi::PackedArgs args, ffi::Any* rv) {
+    counters_.fallbacks += 1;
+    fallback_->CallPacked(args, rv);
+  }
+
+  // Insert a packed entry; entries dropped to stay within the budget unpin the bound calls.
+  void InsertPacked(const std::string& key, std::shared_ptr<Packed> entry) {
+    if (packed_.Insert(key, std::move(entry)) > 0) DropBound();
+    counters_.packs += 1;
+  }
+
+  // Executes ``primitive`` on this thread's stream with ``args``; adds the time to the counters.
+  void Execute(const dnnl::primitive& primitive, const ExecArgs& exec) {
+    dnnl::stream& strm = Stream();
+    int64_t begin = NowNs();
+    dnnl::error::wrap_c_api(
+        dnnl_primitive_execute(primitive.get(), strm.get(), exec.n, exec.args),
+        "oneDNN could not run a primitive");
+    strm.wait();
+    counters_.execute_ns += NowNs() - begin;
+  }
+
+  void Done(int64_t start) {
+    counters_.calls += 1;
+    counters_.call_ns += NowNs() - start;
+  }
+
+  virtual void DropBound() = 0;   // the per-call cache of (primitive, packed weights)
+  virtual void DropPlans() = 0;   // primitives
+  virtual size_t NumPlans() = 0;  // primitives made
+
+  ffi::Function* fallback_;
+  std::mutex mutex_;
+  PackCache packed_;
+  Counters counters_;
+};
+
+// The process's instance of a kernel class (made by ``<prefix>_create``), never destroyed (see
+// KernelBase), and the exported functions the Python side calls (runtime/native/__init__.py).
+template <typename Kernel>
+std::shared_ptr<Kernel>& InstanceOf() {
+  static auto* instance = new std::shared_ptr<Kernel>();
+  return *instance;
+}
+
+template <typename Kernel>
+ffi::Function CreateKernel(ffi::Function fallback) {
+  auto kernel = std::make_shared<Kernel>(std::move(fallback));
+  InstanceOf<Kernel>() = kernel;
+  return ffi::Function::FromPacked(
+      [kernel](ffi::PackedArgs args, ffi::Any* rv) { (*kernel)(args, rv); });
+}
+
 }  // namespace plus_native
+
+#define PLUS_NATIVE_EXPORT_KERNEL(Prefix, Kernel)                                        \
+  namespace plus_native {                                                                \
+  namespace {                                                                            \
+  ffi::Function Prefix##_create_impl(ffi::Function fallback) {                           \
+    return CreateKernel<Kernel>(std::move(fallback));                                    \
+  }                                                                                      \
+  void Prefix##_forget_impl(int64_t ptr) {                                               \
+    if (InstanceOf<Kernel>()) InstanceOf<Kernel>()->Forget(static_cast<uintptr_t>(ptr)); \
+  }                                                                                      \
+  void Prefix##_clear_impl() {                                                           \
+    if (InstanceOf<Kernel>()) InstanceOf<Kernel>()->Clear();                             \
+  }                                                                                      \
+  void Prefix##_set_budget_impl(int64_t bytes) {                                         \
+    if (InstanceOf<Kernel>()) InstanceOf<Kernel>()->SetBudget(bytes);                    \
+  }                                                                                      \
+  ffi::String Prefix##_stats_impl() {                                                    \
+    return InstanceOf<Kernel>() ? InstanceOf<Kernel>()->Stats() : std::string("{}");     \
+  }                                                                                      \
+  }                                                                                      \
+  }                                                                                      \
+  TVM_FFI_DLL_EXPORT_TYPED_FUNC(Prefix##_create, plus_native::Prefix##_create_impl);     \
+  TVM_FFI_DLL_EXPORT_TYPED_FUNC(Prefix##_forget, plus_native::Prefix##_forget_impl);     \
+  TVM_FFI_DLL_EXPORT_TYPED_FUNC(Prefix##_clear, plus_native::Prefix##_clear_impl);       \
+  TVM_FFI_DLL_EXPORT_TYPED_FUNC(Prefix##_set_budget, plus_native::Prefix##_set_budget_impl); \
+  TVM_FFI_DLL_EXPORT_TYPED_FUNC(Prefix##_stats, plus_native::Prefix##_stats_impl)
 
 #endif  // PLUS_TVM_NATIVE_ONEDNN_COMMON_H_

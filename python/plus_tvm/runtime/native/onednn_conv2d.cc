@@ -84,17 +84,9 @@ struct Bound {
   std::shared_ptr<Packed> packed;
 };
 
-// This thread's memory objects for a primitive: their data handles are set per call.
-struct Memories {
-  std::shared_ptr<Plan> plan;  // held: the address keys the per-thread table
-  memory src, dst, bias, residual, scratchpad;
-};
-
-class Conv2d {
+class Conv2d : public KernelBase {
  public:
-  // The fallback is a Python function: it is never released (at process exit, C++ destructors
-  // run after Python has shut down, and releasing it then would crash).
-  explicit Conv2d(ffi::Function fallback) : fallback_(new ffi::Function(std::move(fallback))) {}
+  using KernelBase::KernelBase;
 
   void operator()(ffi::PackedArgs args, ffi::Any* rv) {
     int64_t start = NowNs();
@@ -105,7 +97,9 @@ class Conv2d {
       std::lock_guard<std::mutex> lock(mutex_);
       cfg = configs_.Get(call.config, ParseConvConfig);
     }
-    if (!cfg->native || call.num_inputs != cfg->inputs()) return Fallback(args, rv);
+    if (!cfg->native || call.num_inputs != cfg->inputs() || call.extra_out != nullptr) {
+      return Fallback(args, rv);
+    }
     const DLTensor* const* t = call.inputs;
     const DLTensor* x = t[0];
     const DLTensor* w = t[1];
@@ -147,91 +141,32 @@ class Conv2d {
       }
     }
     if (bound.plan == nullptr) return Fallback(args, rv);
-    Memories& mem = ThreadMemories(bound.plan);
-    mem.src.set_data_handle(DataOf(x));
-    mem.dst.set_data_handle(DataOf(y));
-    dnnl_exec_arg_t exec[12];
-    int n = 0;
-    exec[n++] = {DNNL_ARG_SRC, mem.src.get()};
-    exec[n++] = {DNNL_ARG_WEIGHTS, bound.packed->parts[0].get()};
-    exec[n++] = {DNNL_ARG_DST, mem.dst.get()};
+    const Plan& plan = *bound.plan;
+    std::shared_ptr<void> owner = bound.plan;
+    ExecArgs exec;
+    exec.Add(DNNL_ARG_SRC, ThreadMemory(owner, 0, plan.src, DataOf(x)));
+    exec.Add(DNNL_ARG_WEIGHTS, bound.packed->parts[0]);
+    exec.Add(DNNL_ARG_DST, ThreadMemory(owner, 1, plan.dst, DataOf(y)));
     if (bound.packed->parts.size() > 1) {
-      exec[n++] = {DNNL_ARG_BIAS, bound.packed->parts[1].get()};
+      exec.Add(DNNL_ARG_BIAS, bound.packed->parts[1]);  // folded with the BatchNorm
     } else if (bias != nullptr) {
-      mem.bias.set_data_handle(DataOf(bias));
-      exec[n++] = {DNNL_ARG_BIAS, mem.bias.get()};
+      exec.Add(DNNL_ARG_BIAS, ThreadMemory(owner, 2, plan.bias, DataOf(bias)));
     }
     if (residual != nullptr) {
-      mem.residual.set_data_handle(DataOf(residual));
-      exec[n++] = {bound.plan->residual_arg, mem.residual.get()};
+      exec.Add(plan.residual_arg, ThreadMemory(owner, 3, plan.dst, DataOf(residual)));
     }
-    if (bound.plan->scratchpad.get_size() > 0) {
-      mem.scratchpad.set_data_handle(Scratchpad(bound.plan->scratchpad.get_size()));
-      exec[n++] = {DNNL_ARG_SCRATCHPAD, mem.scratchpad.get()};
-    }
-    for (int index : bound.plan->prelu) {
-      exec[n++] = {DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_WEIGHTS, ZeroSlope().get()};
-    }
-    dnnl::stream& strm = Stream();
-    int64_t begin = NowNs();
-    dnnl::error::wrap_c_api(
-        dnnl_primitive_execute(bound.plan->primitive.get(), strm.get(), n, exec),
-        "plus.conv2d: oneDNN could not run the convolution");
-    strm.wait();
-    int64_t end = NowNs();
-    counters_.calls += 1;
-    counters_.execute_ns += end - begin;
-    counters_.call_ns += end - start;
+    exec.AddScratchpad(owner, plan.scratchpad);
+    exec.AddZeroSlopes(plan.prelu);
+    Execute(plan.primitive, exec);
+    Done(start);
   }
 
-  void Forget(uintptr_t ptr) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    packed_.Forget(ptr);
-    bound_.clear();
-  }
-
-  void Clear() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    packed_.Clear();
-    plans_.clear();
-    bound_.clear();
-  }
-
-  void SetBudget(int64_t bytes) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    packed_.SetBudget(static_cast<size_t>(bytes));
-    bound_.clear();
-  }
-
-  std::string Stats() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::ostringstream os;
-    os << "{" << counters_.Json() << ", \"primitives\": " << plans_.size()
-       << ", \"packed\": " << packed_.size() << ", \"packed_bytes\": " << packed_.bytes() << "}";
-    return os.str();
-  }
+ protected:
+  void DropBound() override { bound_.clear(); }
+  void DropPlans() override { plans_.clear(); }
+  size_t NumPlans() override { return plans_.size(); }
 
  private:
-  void Fallback(ffi::PackedArgs args, ffi::Any* rv) {
-    counters_.fallbacks += 1;
-    fallback_->CallPacked(args, rv);
-  }
-
-  static Memories& ThreadMemories(const std::shared_ptr<Plan>& plan) {
-    thread_local std::unordered_map<const Plan*, Memories> table;
-    auto it = table.find(plan.get());
-    if (it != table.end()) return it->second;
-    dnnl::engine& eng = Engine();
-    Memories mem;
-    mem.plan = plan;
-    mem.src = memory(plan->src, eng, DNNL_MEMORY_NONE);
-    mem.dst = memory(plan->dst, eng, DNNL_MEMORY_NONE);
-    mem.bias = memory(plan->bias, eng, DNNL_MEMORY_NONE);
-    mem.residual = memory(plan->dst, eng, DNNL_MEMORY_NONE);
-    mem.scratchpad = memory(plan->scratchpad, eng, DNNL_MEMORY_NONE);
-    return table.emplace(plan.get(), std::move(mem)).first->second;
-  }
-
   static bool ShapesAgree(const ConvConfig& cfg, const DLTensor* x, const DLTensor* w,
                           const DLTensor* bias, const DLTensor* const* stats,
                           const DLTensor* residual, const DLTensor* y) {
@@ -361,53 +296,16 @@ class Conv2d {
     entry->parts.push_back(packed);
     if (cfg.bn) entry->parts.push_back(folded_bias);
     entry->bytes += plan->weights.get_size();
-    if (packed_.Insert(key.str(), entry) > 0) bound_.clear();  // evicted entries: not pinned
-    counters_.packs += 1;
+    InsertPacked(key.str(), entry);
     return entry;
   }
 
-  ffi::Function* fallback_;
-  std::mutex mutex_;
   ConfigCache<ConvConfig> configs_;
   std::unordered_map<IntKey, std::shared_ptr<Plan>, IntKeyHash> plans_;
   std::unordered_map<IntKey, Bound, IntKeyHash> bound_;
-  PackCache packed_;
-  Counters counters_;
 };
-
-// The process's plus.conv2d (made by conv2d_create; the Python side keeps one per process, as it
-// keeps one Python kernel object per process).
-std::shared_ptr<Conv2d>& Instance() {
-  static auto* instance = new std::shared_ptr<Conv2d>();  // never destroyed (see Conv2d)
-  return *instance;
-}
-
-ffi::Function Conv2dCreate(ffi::Function fallback) {
-  auto kernel = std::make_shared<Conv2d>(std::move(fallback));
-  Instance() = kernel;
-  return ffi::Function::FromPacked(
-      [kernel](ffi::PackedArgs args, ffi::Any* rv) { (*kernel)(args, rv); });
-}
-
-void Conv2dForget(int64_t ptr) {
-  if (Instance()) Instance()->Forget(static_cast<uintptr_t>(ptr));
-}
-
-void Conv2dClear() {
-  if (Instance()) Instance()->Clear();
-}
-
-void Conv2dSetBudget(int64_t bytes) {
-  if (Instance()) Instance()->SetBudget(bytes);
-}
-
-ffi::String Conv2dStats() { return Instance() ? Instance()->Stats() : std::string("{}"); }
 
 }  // namespace
 }  // namespace plus_native
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(conv2d_create, plus_native::Conv2dCreate);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(conv2d_forget, plus_native::Conv2dForget);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(conv2d_clear, plus_native::Conv2dClear);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(conv2d_set_budget, plus_native::Conv2dSetBudget);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(conv2d_stats, plus_native::Conv2dStats);
+PLUS_NATIVE_EXPORT_KERNEL(conv2d, Conv2d);

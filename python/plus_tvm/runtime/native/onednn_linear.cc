@@ -1,0 +1,318 @@
+// plus.linear and plus.linear_layernorm on oneDNN's matmul, called by TVM's VM without Python.
+//
+// The fast paths of the two GEMM kernels (../linear.py and ../linear_layernorm.py hold the
+// contracts and the reference implementations): fp32 CPU tensors, one weight (``parts=1``) in
+// either layout (``w=nk`` as nn.Linear holds it, or ``w=kn``), reordered once into oneDNN's
+// blocked layout; the bias, the activation and the residual add as post-ops; the result written
+// straight into the VM's output. plus.linear_layernorm then normalizes the sum with oneDNN's
+// layer normalization (into ``out``; the sum itself stays in the second output when the call
+// asks for it). Every other call goes to the Python kernel the native one was created with.
+//
+// Primitives are made per (config, M, K, N): M, the rows, changes with a symbolic batch or
+// sequence length. The weight is packed once per (weight, layout) for the first M seen, and
+// primitives for other M take that packed layout when oneDNN can (else they pack their own).
+
+#include "onednn_common.h"
+
+namespace plus_native {
+namespace {
+
+struct LinearConfig {
+  bool kn = false;  // w is [K, N] (else [N, K])
+  bool bias = false;
+  bool residual = false;
+  bool prepack = true;
+  bool nan = true;  // ReLU keeps NaN (the Python kernel's semantics; no key for it)
+  int64_t parts = 1;
+  std::string act = "none";
+  // plus.linear_layernorm
+  bool norm = false;
+  bool gamma = false;
+  bool beta = false;
+  bool sum_out = false;
+  float eps = 1e-5f;
+  bool native = false;
+
+  int inputs() const { return 2 + bias + residual + gamma + beta; }
+};
+
+LinearConfig ParseLinearConfig(const std::string& text, bool norm) {
+  LinearConfig cfg;
+  cfg.norm = norm;
+  bool ok = ForEachItem(text, [&](const std::string& key, const std::string& value) {
+    if (key == "w") {
+      cfg.kn = value == "kn";
+      return value == "kn" || value == "nk";
+    }
+    if (key == "bias") return ParseFlag(value, &cfg.bias);
+    if (key == "residual") return ParseFlag(value, &cfg.residual);
+    if (key == "prepack") return ParseFlag(value, &cfg.prepack);
+    if (!norm && key == "parts") return ParseInts(value, &cfg.parts, 1);
+    if (!norm && key == "act") {
+      cfg.act = value;
+      return IsActivation(value);
+    }
+    if (norm && key == "gamma") return ParseFlag(value, &cfg.gamma);
+    if (norm && key == "beta") return ParseFlag(value, &cfg.beta);
+    if (norm && key == "sum_out") return ParseFlag(value, &cfg.sum_out);
+    if (norm && key == "eps") return ParseFloat(value, &cfg.eps);
+    return false;  // a key of a newer contract: the Python side knows it
+  });
+  cfg.native = ok && cfg.prepack && cfg.parts == 1;
+  return cfg;
+}
+
+LinearConfig ParseLinear(const std::string& text) { return ParseLinearConfig(text, false); }
+LinearConfig ParseLinearNorm(const std::string& text) { return ParseLinearConfig(text, true); }
+
+struct Plan {
+  dnnl::matmul primitive;
+  memory::desc src, weights, user_weights, bias, dst, scratchpad;
+  int residual_arg = 0;
+  std::vector<int> prelu;
+  // plus.linear_layernorm's normalization of the GEMM's result
+  dnnl::layer_normalization_forward norm;
+  memory::desc norm_stats, norm_scale, norm_scratchpad;
+};
+
+struct Bound {
+  std::shared_ptr<Plan> plan;
+  std::shared_ptr<Packed> packed;
+};
+
+template <bool kNorm>
+class LinearKernel : public KernelBase {
+ public:
+  using KernelBase::KernelBase;
+
+  void operator()(ffi::PackedArgs args, ffi::Any* rv) {
+    int64_t start = NowNs();
+    Call call;
+    if (!SplitCall(args, &call)) return Fallback(args, rv);
+    const LinearConfig* cfg;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cfg = configs_.Get(call.config, kNorm ? ParseLinearNorm : ParseLinear);
+    }
+    if (!cfg->native || call.num_inputs != cfg->inputs()) return Fallback(args, rv);
+    const DLTensor* const* t = call.inputs;
+    const DLTensor* x = t[0];
+    const DLTensor* w = t[1];
+    int k = 2;
+    const DLTensor* bias = cfg->bias ? t[k++] : nullptr;
+    const DLTensor* residual = cfg->residual ? t[k++] : nullptr;
+    const DLTensor* gamma = cfg->gamma ? t[k++] : nullptr;
+    const DLTensor* beta = cfg->beta ? t[k++] : nullptr;
+    const DLTensor* y = call.out;
+    const DLTensor* sum = call.extra_out;
+    if ((sum != nullptr) != (kNorm && cfg->sum_out)) return Fallback(args, rv);
+    for (int i = 0; i < call.num_inputs; ++i) {
+      if (!IsCpuF32Compact(t[i])) return Fallback(args, rv);
+    }
+    if (!IsCpuF32Compact(y) || (sum != nullptr && !IsCpuF32Compact(sum))) {
+      return Fallback(args, rv);
+    }
+    if (w->ndim != 2 || x->ndim < 1 || y->ndim != x->ndim) return Fallback(args, rv);
+    int64_t kdim = cfg->kn ? w->shape[0] : w->shape[1];
+    int64_t n = cfg->kn ? w->shape[1] : w->shape[0];
+    if (x->shape[x->ndim - 1] != kdim || y->shape[y->ndim - 1] != n) return Fallback(args, rv);
+    int64_t m = NumelOf(x) / std::max<int64_t>(kdim, 1);
+    if (m == 0 || kdim == 0 || NumelOf(y) != m * n) return Fallback(args, rv);
+    for (const DLTensor* v : {bias, gamma, beta}) {
+      if (v != nullptr && NumelOf(v) != n) return Fallback(args, rv);
+    }
+    if (residual != nullptr && NumelOf(residual) != m * n) return Fallback(args, rv);
+    if (sum != nullptr && NumelOf(sum) != m * n) return Fallback(args, rv);
+
+    IntKey key;
+    key.Add(reinterpret_cast<int64_t>(cfg));
+    key.Add(m);
+    key.Add(kdim);
+    key.Add(n);
+    key.Add(reinterpret_cast<int64_t>(DataOf(w)));
+    Bound bound;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto hit = bound_.find(key);
+      if (hit != bound_.end()) {
+        bound = hit->second;
+      } else {
+        try {
+          bound.plan = GetPlan(*cfg, m, kdim, n);
+          bound.packed = GetPacked(args, bound.plan, *cfg, w, kdim, n);
+          bound_.emplace(key, bound);
+        } catch (const dnnl::error&) {
+          bound.plan = nullptr;  // oneDNN has no primitive for it: the Python kernel runs it
+        }
+      }
+    }
+    if (bound.plan == nullptr) return Fallback(args, rv);
+    const Plan& plan = *bound.plan;
+    std::shared_ptr<void> owner = bound.plan;
+    // the GEMM writes the sum where the call wants it: the second output, or out itself
+    void* gemm_out = sum != nullptr ? DataOf(sum) : DataOf(y);
+    ExecArgs gemm;
+    gemm.Add(DNNL_ARG_SRC, ThreadMemory(owner, 0, plan.src, DataOf(x)));
+    gemm.Add(DNNL_ARG_WEIGHTS, bound.packed->parts[0]);
+    gemm.Add(DNNL_ARG_DST, ThreadMemory(owner, 1, plan.dst, gemm_out));
+    if (bias != nullptr) gemm.Add(DNNL_ARG_BIAS, ThreadMemory(owner, 2, plan.bias, DataOf(bias)));
+    if (residual != nullptr) {
+      gemm.Add(plan.residual_arg, ThreadMemory(owner, 3, plan.dst, DataOf(residual)));
+    }
+    gemm.AddScratchpad(owner, plan.scratchpad);
+    gemm.AddZeroSlopes(plan.prelu);
+    Execute(plan.primitive, gemm);
+    if (kNorm) {
+      ExecArgs norm;
+      norm.Add(DNNL_ARG_SRC, ThreadMemory(owner, 4, plan.dst, gemm_out));
+      norm.Add(DNNL_ARG_DST, ThreadMemory(owner, 5, plan.dst, DataOf(y)));
+      if (gamma != nullptr) {
+        norm.Add(DNNL_ARG_SCALE, ThreadMemory(owner, 6, plan.norm_scale, DataOf(gamma)));
+      }
+      if (beta != nullptr) {
+        norm.Add(DNNL_ARG_SHIFT, ThreadMemory(owner, 7, plan.norm_scale, DataOf(beta)));
+      }
+      if (plan.norm_scratchpad.get_size() > 0) {
+        norm.Add(DNNL_ARG_SCRATCHPAD, ThreadMemory(owner, 8, plan.norm_scratchpad,
+                                                   Scratchpad(plan.norm_scratchpad.get_size())));
+      }
+      Execute(plan.norm, norm);
+    }
+    Done(start);
+  }
+
+ protected:
+  void DropBound() override { bound_.clear(); }
+  void DropPlans() override { plans_.clear(); }
+  size_t NumPlans() override { return plans_.size(); }
+
+ private:
+  std::shared_ptr<Plan> GetPlan(const LinearConfig& cfg, int64_t m, int64_t kdim, int64_t n) {
+    IntKey key;
+    key.Add(reinterpret_cast<int64_t>(&cfg));
+    key.Add(m);
+    key.Add(kdim);
+    key.Add(n);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    using tag = memory::format_tag;
+    auto f32 = memory::data_type::f32;
+    auto plan = std::make_shared<Plan>();
+    plan->src = memory::desc({m, kdim}, f32, tag::ab);
+    plan->dst = memory::desc({m, n}, f32, tag::ab);
+    plan->bias = memory::desc({1, n}, f32, tag::ab);
+    plan->user_weights = memory::desc({kdim, n}, f32, cfg.kn ? tag::ab : tag::ba);
+    dnnl::post_ops ops;
+    AppendActivation(&ops, cfg.act, cfg.nan, &plan->prelu);
+    if (cfg.residual) {
+      plan->residual_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
+      ops.append_binary(algorithm::binary_add, plan->dst);
+    }
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    // the packed layout the weight already has, when an earlier M chose one
+    auto shared = weight_layouts_.find(WeightKey(cfg, kdim, n));
+    dnnl::matmul::primitive_desc pd;
+    bool made = false;
+    if (shared != weight_layouts_.end()) {
+      try {
+        pd = MakeMatmul(cfg, plan.get(), shared->second, attr);
+        made = true;
+      } catch (const dnnl::error&) {
+        made = false;  // oneDNN wants another layout at this M: pack for it
+      }
+    }
+    if (!made) pd = MakeMatmul(cfg, plan.get(), memory::desc({kdim, n}, f32, tag::any), attr);
+    plan->weights = pd.weights_desc();
+    plan->scratchpad = pd.scratchpad_desc();
+    plan->primitive = dnnl::matmul(pd);
+    weight_layouts_.emplace(WeightKey(cfg, kdim, n), plan->weights);
+    if (cfg.norm) {
+      auto flags = dnnl::normalization_flags::none;
+      if (cfg.gamma) flags |= dnnl::normalization_flags::use_scale;
+      if (cfg.beta) flags |= dnnl::normalization_flags::use_shift;
+      dnnl::primitive_attr norm_attr;
+      norm_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      auto npd = dnnl::layer_normalization_forward::primitive_desc(
+          Engine(), dnnl::prop_kind::forward_inference, plan->dst, plan->dst, cfg.eps, flags,
+          norm_attr);
+      plan->norm_scale = memory::desc({n}, f32, tag::a);
+      plan->norm_scratchpad = npd.scratchpad_desc();
+      plan->norm = dnnl::layer_normalization_forward(npd);
+    }
+    plans_.emplace(key, plan);
+    return plan;
+  }
+
+  static dnnl::matmul::primitive_desc MakeMatmul(const LinearConfig& cfg, const Plan* plan,
+                                                 const memory::desc& weights,
+                                                 const dnnl::primitive_attr& attr) {
+    if (cfg.bias) {
+      return dnnl::matmul::primitive_desc(Engine(), plan->src, weights, plan->bias, plan->dst,
+                                          attr);
+    }
+    return dnnl::matmul::primitive_desc(Engine(), plan->src, weights, plan->dst, attr);
+  }
+
+  static IntKey WeightKey(const LinearConfig& cfg, int64_t kdim, int64_t n) {
+    IntKey key;
+    key.Add(cfg.kn);
+    key.Add(kdim);
+    key.Add(n);
+    return key;
+  }
+
+  std::shared_ptr<Packed> GetPacked(ffi::PackedArgs args, const std::shared_ptr<Plan>& plan,
+                                    const LinearConfig& cfg, const DLTensor* w, int64_t kdim,
+                                    int64_t n) {
+    uintptr_t ptr = reinterpret_cast<uintptr_t>(DataOf(w));
+    // keyed by the packed layout's bytes (plans at other M share it when the layout is equal)
+    std::ostringstream key;
+    key << ptr << '|' << cfg.kn << '|' << kdim << 'x' << n << '|'
+        << static_cast<int>(plan->weights.get_format_kind()) << '|'
+        << plan->weights.get_size() << '|' << WeightsSignature(plan->weights);
+    auto hit = packed_.Find(key.str());
+    if (hit != nullptr) return hit;
+    auto entry = std::make_shared<Packed>();
+    entry->pointers = {ptr};
+    HoldSources(args, entry.get());
+    dnnl::engine& eng = Engine();
+    memory user(plan->user_weights, eng, DataOf(w));
+    memory packed(plan->weights, eng);
+    dnnl::stream& strm = Stream();
+    dnnl::reorder(user, packed).execute(strm, user, packed);
+    strm.wait();
+    entry->parts.push_back(packed);
+    entry->bytes = plan->weights.get_size();
+    InsertPacked(key.str(), entry);
+    return entry;
+  }
+
+  // What tells two packed layouts of one shape apart: the blocking of the weights' desc.
+  static std::string WeightsSignature(const memory::desc& desc) {
+    std::ostringstream os;
+    if (desc.get_format_kind() == memory::format_kind::blocked) {
+      for (auto s : desc.get_strides()) os << s << ',';
+      os << '|';
+      for (auto b : desc.get_inner_blks()) os << b << ',';
+      os << '|';
+      for (auto i : desc.get_inner_idxs()) os << i << ',';
+    }
+    return os.str();
+  }
+
+  ConfigCache<LinearConfig> configs_;
+  std::unordered_map<IntKey, std::shared_ptr<Plan>, IntKeyHash> plans_;
+  std::unordered_map<IntKey, Bound, IntKeyHash> bound_;
+  std::unordered_map<IntKey, memory::desc, IntKeyHash> weight_layouts_;
+};
+
+using Linear = LinearKernel<false>;
+using LinearLayerNorm = LinearKernel<true>;
+
+}  // namespace
+}  // namespace plus_native
+
+PLUS_NATIVE_EXPORT_KERNEL(linear, Linear);
+PLUS_NATIVE_EXPORT_KERNEL(linear_layernorm, LinearLayerNorm);
