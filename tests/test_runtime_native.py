@@ -273,3 +273,116 @@ def test_status_names_why_native_kernels_are_unavailable(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert out.startswith("False") and "PLUS_TVM_NATIVE=0" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# plus.linear / plus.linear_layernorm
+
+
+def kernel_exe(kernel: str, shapes, config: str, out_shapes):
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"in{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
+    out_ty = [relax.TensorType(tuple(s), "float32") for s in out_shapes]
+    with bb.function("main", params):
+        out = bb.emit(
+            relax.call_dps_packed(
+                kernel,
+                [*params, tvm.ir.StringImm(config)],
+                out_ty=out_ty if len(out_ty) > 1 else out_ty[0],
+            )
+        )
+        bb.emit_func_output(out)
+    return tvm.compile(bb.get(), target=TARGET)
+
+
+def run_kernel(kernel: str, inputs, config: str, out_shapes) -> tuple[list, int]:
+    exe = kernel_exe(kernel, [tuple(t.shape) for t in inputs], config, out_shapes)
+    fn = relax.VirtualMachine(exe, tvm.cpu())["main"]
+    before = native.status()["kernels"][kernel]
+    out = fn(*[tvm.runtime.tensor(t.numpy()) for t in inputs])
+    after = native.status()["kernels"][kernel]
+    outs = list(out) if isinstance(out, (list, tuple, tvm.ir.Array)) else [out]
+    assert after["calls"] + after["fallbacks"] > before["calls"] + before["fallbacks"]
+    return [torch.from_numpy(o.numpy()) for o in outs], after["fallbacks"] - before["fallbacks"]
+
+
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("bias,residual", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("lead", [(5,), (2, 7)])
+def test_linear_native(layout, bias, residual, act, lead):
+    torch.manual_seed(len(lead) + len(act))
+    k, n = 24, 40
+    x, w = torch.randn(*lead, k), torch.randn(n, k)
+    want = x @ w.t()
+    inputs = [x, w if layout == "nk" else w.t().contiguous()]
+    cfg = f"w={layout};act={act}"
+    if bias:
+        b = torch.randn(n)
+        inputs.append(b)
+        want = want + b
+        cfg += ";bias=1"
+    want = ACT[act](want)
+    if residual:
+        r = torch.randn(*lead, n)
+        inputs.append(r)
+        want = want + r
+        cfg += ";residual=1"
+    (got,), fallbacks = run_kernel("plus.linear", inputs, cfg, [want.shape])
+    assert fallbacks == 0
+    close(got, want)
+
+
+def test_linear_native_one_weight_at_several_row_counts():
+    """A symbolic batch: primitives per row count, the weight packed for the first one serves."""
+    w, b = torch.randn(48, 32), torch.randn(48)
+    for rows in (1, 3, 64, 3):
+        x = torch.randn(rows, 32)
+        (got,), fallbacks = run_kernel(
+            "plus.linear", [x, w, b], "w=nk;bias=1;act=relu", [(rows, 48)]
+        )
+        assert fallbacks == 0
+        close(got, F.relu(x @ w.t() + b))
+
+
+def test_linear_native_relu_keeps_nan():
+    x, w = torch.randn(4, 8), torch.randn(6, 8)
+    x[1, 3] = float("nan")
+    (got,), _ = run_kernel("plus.linear", [x, w], "w=nk;act=relu", [(4, 6)])
+    want = F.relu(x @ w.t())
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    close(got, want)
+
+
+@pytest.mark.parametrize("gamma,beta", [(True, True), (True, False), (False, False)])
+@pytest.mark.parametrize("sum_out", [False, True])
+def test_linear_layernorm_native(gamma, beta, sum_out):
+    torch.manual_seed(int(gamma) + 2 * int(beta) + 4 * int(sum_out))
+    x, w, b, r = torch.randn(2, 6, 32), torch.randn(48, 32), torch.randn(48), torch.randn(2, 6, 48)
+    s = x @ w.t() + b + r
+    g, be = torch.rand(48) + 0.5, torch.randn(48)
+    inputs = [x, w, b, r]
+    cfg = "w=nk;bias=1;residual=1;eps=1e-6"
+    if gamma:
+        inputs.append(g)
+        cfg += ";gamma=1"
+    if beta:
+        inputs.append(be)
+        cfg += ";beta=1"
+    if sum_out:
+        cfg += ";sum_out=1"
+    want = F.layer_norm(s, (48,), g if gamma else None, be if beta else None, 1e-6)
+    outs, fallbacks = run_kernel(
+        "plus.linear_layernorm", inputs, cfg, [s.shape] * (2 if sum_out else 1)
+    )
+    assert fallbacks == 0
+    close(outs[0], want)
+    if sum_out:
+        close(outs[1], s)
+
+
+def test_linear_native_merged_parts_fall_back_to_python():
+    x, w1, w2 = torch.randn(3, 8), torch.randn(4, 8), torch.randn(5, 8)
+    (got,), fallbacks = run_kernel("plus.linear", [x, w1, w2], "w=nk;parts=2", [(3, 9)])
+    assert fallbacks == 1
+    close(got, torch.cat([x @ w1.t(), x @ w2.t()], dim=1))
