@@ -153,6 +153,13 @@ def cores(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _native_build_once(tmp_path_factory):
+    """The native kernels are compiled once per test session (every test, and every process
+    a test starts, finds them there), never into the user's cache."""
+    os.environ.setdefault("PLUS_TVM_NATIVE_CACHE", str(tmp_path_factory.mktemp("native")))
+
+
 @pytest.fixture(autouse=True)
 def _no_figures_cache(tmp_path, monkeypatch):
     """Tests never read (or write) the user's measured machine figures (GIR's performance

@@ -56,9 +56,10 @@ KERNELS: dict[str, LibraryKernel] = {
 
 
 def register() -> None:
-    """Register every kernel as a TVM global function (idempotent: re-registration overrides)."""
+    """Register every kernel as a TVM global function (idempotent: re-registration overrides;
+    a kernel with a native fast path in use keeps it)."""
     for name, kernel in KERNELS.items():
-        tvm_ffi.register_global_func(name, kernel, override=True)
+        tvm_ffi.register_global_func(name, native.installed(name) or kernel, override=True)
 
 
 def use_native() -> bool:

@@ -10,7 +10,8 @@ device, an unknown config key) to the Python kernel it was created with. Results
 either way (tested); only the speed differs.
 
 The C++ sources ship with the package and are compiled once per machine into
-``<cache>/native/<key>/`` (``plus_tvm.paths.cache_dir``; ``key`` hashes the sources, the
+``<build_dir>/<key>/`` (``$PLUS_TVM_NATIVE_CACHE``, else ``<cache>/native`` with
+``plus_tvm.paths.cache_dir``; ``key`` hashes the sources, the
 compiler, and the oneDNN and tvm-ffi versions) with ``$CXX`` (default ``c++``), against oneDNN
 from the ``onednn-cpu-gomp`` / ``onednn-devel-cpu-gomp`` packages and tvm-ffi's headers.
 Without a compiler or oneDNN the Python kernels run, and :func:`status` says why.
@@ -38,6 +39,7 @@ SOURCES = ("onednn_common.h", "onednn_conv2d.cc", "onednn_linear.cc")
 ONEDNN_PACKAGE = "onednn-cpu-gomp"
 ONEDNN_HEADERS_PACKAGE = "onednn-devel-cpu-gomp"
 ENABLE_ENV = "PLUS_TVM_NATIVE"
+BUILD_DIR_ENV = "PLUS_TVM_NATIVE_CACHE"
 # kernel name -> prefix of its exported functions (``<prefix>_create(fallback)`` etc.)
 KERNELS = {
     "plus.conv2d": "conv2d",
@@ -75,6 +77,12 @@ class _State:
 
 
 _STATE = _State()
+
+
+def build_dir() -> str:
+    """Where compiled native libraries are kept: ``$PLUS_TVM_NATIVE_CACHE``, else
+    ``<plus_tvm cache>/native`` (a build artifact, apart from measured figures)."""
+    return os.environ.get(BUILD_DIR_ENV) or os.path.join(cache_dir(), "native")
 
 
 def enabled() -> bool:
@@ -149,7 +157,7 @@ def build() -> str:
         No compiler, no oneDNN, or the compilation failed (the message names the log).
     """
     tools = _toolchain()
-    folder = Path(cache_dir()) / "native" / _key(tools)
+    folder = Path(build_dir()) / _key(tools)
     library = folder / "plus_native.so"
     if library.exists():
         return str(library)
@@ -220,8 +228,13 @@ def _install(kernels: dict[str, object]) -> None:
     for name, prefix in KERNELS.items():
         native = module[f"{prefix}_create"](kernels[name])
         tvm_ffi.register_global_func(name, native, override=True)
-        _STATE.installed[name] = module
+        _STATE.installed[name] = native
     _STATE.module = module
+
+
+def installed(name: str) -> object | None:
+    """The native function registered for kernel ``name``, if native kernels are in use."""
+    return _STATE.installed.get(name)
 
 
 def _each(suffix: str, *args: object) -> dict[str, object]:
