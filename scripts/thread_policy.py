@@ -5,8 +5,10 @@
 
 A model is ``plus-tvm compile zoo:NAME -o NAME.so``. Each configuration (environment variables
 set before ``import plus_tvm``; torch keeps its defaults) runs the model 3 times untimed and
-``--runs`` times timed in its own interpreter; the median and the minimum are printed. This is
-the measurement behind ``plus_tvm.threads``'s defaults.
+``--runs`` times timed in its own interpreter; configurations alternate for ``--rounds`` rounds
+(A B A B: a drift of the machine hits both), and the median of the rounds' medians and the
+minimum are printed. This is the measurement behind ``plus_tvm.threads``'s defaults.
+``--spin`` adds TVM's own spinning pool (the setting the defaults replaced).
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
 CONFIGS = (
     {"TVM_NUM_THREADS": "1"},
-    {"TVM_NUM_THREADS": "2", "TVM_THREAD_POOL_SPIN_COUNT": "300000"},
     {"TVM_NUM_THREADS": "2", "TVM_THREAD_POOL_SPIN_COUNT": "0"},
 )
+SPINNING = {"TVM_NUM_THREADS": "2", "TVM_THREAD_POOL_SPIN_COUNT": "300000"}
 
 _CHILD = r"""
 import json, statistics, sys, time
@@ -52,22 +55,31 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+")
     parser.add_argument("--runs", type=int, default=25)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--spin", action="store_true")
     args = parser.parse_args()
+    configs = CONFIGS + ((SPINNING,) if args.spin else ())
     for model in args.models:
-        for cfg in CONFIGS:
-            env = {**os.environ, **cfg}
-            out = subprocess.run(
-                [sys.executable, "-c", _CHILD, model, str(args.runs)],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            r = json.loads(out.stdout.strip().splitlines()[-1])
+        results: list[list[dict]] = [[] for _ in configs]
+        for _ in range(args.rounds):
+            for i, cfg in enumerate(configs):
+                env = {**os.environ, **cfg}
+                out = subprocess.run(
+                    [sys.executable, "-c", _CHILD, model, str(args.runs)],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                results[i].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for cfg, rs in zip(configs, results):
             label = " ".join(f"{k}={v}" for k, v in cfg.items())
+            median = statistics.median(r["median"] for r in rs)
+            best = min(r["min"] for r in rs)
             print(
-                f"{os.path.basename(model):<18} {label:<58} median {r['median']:8.2f} ms  "
-                f"min {r['min']:8.2f} ms  (torch threads {r['torch']})"
+                f"{os.path.basename(model):<18} {label:<58} median {median:8.2f} ms  "
+                f"min {best:8.2f} ms  (torch threads {rs[0]['torch']})",
+                flush=True,
             )
     return 0
 

@@ -46,6 +46,8 @@ class DispatchCost:
     library_gbps: float = 10.0
     tir_gflops: float = 0.3  # untuned TIR GEMM (BERT's FFN: 67 s for 14.5 GFLOP)
     tir_gbps: float = 1.0  # unscheduled TIR row kernels; GIR schedules reach ~10
+    # a TIR kernel's own launch: the VM's call, TVM's thread pool waking (2 cores: 2-4 us)
+    tir_overhead_us: float = 2.0
 
 
 def predict_library_us(
@@ -57,4 +59,5 @@ def predict_library_us(
 
 
 def predict_tir_us(cost: DispatchCost, flops: float, nbytes: float) -> float:
-    return max(flops / (cost.tir_gflops * 1e3), nbytes / (cost.tir_gbps * 1e3))
+    work = max(flops / (cost.tir_gflops * 1e3), nbytes / (cost.tir_gbps * 1e3))
+    return cost.tir_overhead_us + work
