@@ -386,3 +386,55 @@ def test_linear_native_merged_parts_fall_back_to_python():
     (got,), fallbacks = run_kernel("plus.linear", [x, w1, w2], "w=nk;parts=2", [(3, 9)])
     assert fallbacks == 1
     close(got, torch.cat([x @ w1.t(), x @ w2.t()], dim=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# plus.attention
+
+
+def _attention_reference(q, k, v, mask, causal, scale):
+    s = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s + mask
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool).tril().logical_not(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("out_layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize(
+    "mask_shape,causal",
+    [(None, False), (None, True), ((2, 1, 1, 9), False), ((7, 9), True), ((2, 3, 7, 9), False)],
+)
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_attention_native(layout, out_layout, mask_shape, causal, scale):
+    torch.manual_seed(1)
+    b, h, sq, sk, d, dv = 2, 3, 7, 9, 8, 5
+    q, k, v = torch.randn(b, h, sq, d), torch.randn(b, h, sk, d), torch.randn(b, h, sk, dv)
+    mask = torch.randn(*mask_shape) if mask_shape is not None else None
+    want = _attention_reference(q, k, v, mask, causal, scale if scale else d**-0.5)
+
+    def laid(t: torch.Tensor, to: str) -> torch.Tensor:
+        return t.transpose(1, 2).contiguous() if to == "bshd" else t
+
+    inputs = [laid(q, layout), laid(k, layout), laid(v, layout)]
+    cfg = f"layout={layout};out_layout={out_layout};causal={int(causal)}"
+    if mask is not None:
+        inputs.append(mask)
+        cfg += ";mask=1"
+    if scale:
+        cfg += f";scale={scale}"
+    out_shape = tuple(laid(want, out_layout).shape)
+    (got,), fallbacks = run_kernel("plus.attention", inputs, cfg, [out_shape])
+    assert fallbacks == 0
+    close(got, laid(want, out_layout))
+
+
+def test_attention_native_causal_with_more_queries_than_keys_falls_back():
+    q, k, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 4, 4), torch.randn(1, 2, 4, 4)
+    (got,), fallbacks = run_kernel("plus.attention", [q, k, v], "causal=1", [(1, 2, 6, 4)])
+    assert fallbacks == 1
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-4, atol=1e-4)

@@ -3,7 +3,8 @@
 A library call through Python costs the VM -> Python crossing, the DLPack views and torch's own
 dispatch (about 10 us), and torch's convolutions cannot write into the VM's output buffer (a
 copy per call, up to twice the kernel's time on large activations). The kernels here are the
-fast paths of Python kernels of the same name (``plus.conv2d``): the VM calls the C++ function
+fast paths of Python kernels of the same name (``plus.conv2d``, ``plus.linear``,
+``plus.linear_layernorm``, ``plus.attention``): the VM calls the C++ function
 directly, it runs oneDNN primitives created once per shape on weights packed once, writing the
 output buffer in place, and it hands every call it does not support (another layout, dtype or
 device, an unknown config key) to the Python kernel it was created with. Results are the same
@@ -35,13 +36,14 @@ from pathlib import Path
 from ...paths import cache_dir
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("onednn_common.h", "onednn_conv2d.cc", "onednn_linear.cc")
+SOURCES = ("onednn_common.h", "onednn_attention.cc", "onednn_conv2d.cc", "onednn_linear.cc")
 ONEDNN_PACKAGE = "onednn-cpu-gomp"
 ONEDNN_HEADERS_PACKAGE = "onednn-devel-cpu-gomp"
 ENABLE_ENV = "PLUS_TVM_NATIVE"
 BUILD_DIR_ENV = "PLUS_TVM_NATIVE_CACHE"
 # kernel name -> prefix of its exported functions (``<prefix>_create(fallback)`` etc.)
 KERNELS = {
+    "plus.attention": "attention",
     "plus.conv2d": "conv2d",
     "plus.linear": "linear",
     "plus.linear_layernorm": "linear_layernorm",
@@ -58,7 +60,7 @@ def runs_natively(kernel: str, config: dict[str, object]) -> bool:
         return config.get("layout") == "nhwc"
     if kernel == "plus.linear":
         return int(config.get("parts", 1)) == 1
-    return kernel == "plus.linear_layernorm"
+    return kernel in ("plus.linear_layernorm", "plus.attention")
 
 
 class NativeUnavailableError(Exception):
