@@ -40,8 +40,10 @@ class DispatchCost:
 
     overhead_us: float = 10.0  # VM -> Python -> oneDNN crossing, 4x4 linear: 11.2-11.7 us
     # VM -> C++ (runtime/native) -> oneDNN: about 1 us in the kernel around the primitive
-    # (MobileNetV2: 0.93 us per call) plus the VM's own dispatch
-    native_overhead_us: float = 2.0
+    # (MobileNetV2: 0.93 us per call) plus the VM's dispatch and oneDNN's OpenMP region; a whole
+    # one-linear model measured 3.5-3.7 us slower per call native than as one TIR kernel
+    # (4x4 and 16x16 linears at 2 rows)
+    native_overhead_us: float = 4.0
     library_gflops: float = 400.0  # prepacked oneDNN GEMM at BERT shapes: 410-460
     library_gbps: float = 10.0
     tir_gflops: float = 0.3  # untuned TIR GEMM (BERT's FFN: 67 s for 14.5 GFLOP)
