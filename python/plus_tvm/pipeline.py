@@ -19,7 +19,8 @@ Phase contents today (later work replaces phases one by one, and says so here):
 4. schedule  - ``ExpandIntegerPower`` (``pow(x, 2)`` as ``x * x``: CUDA's fast-math
                ``powf`` is NaN for negative ``x``); ``gir`` (default ``auto``: CPU on, GPU
                off): GIR plans of paper 002 for memory-intensive kernels (``GIRLLVM`` on
-               CPU; ``GIRCUDA`` on GPU, before dlight); GPU: dlight rules (Matmul, GEMV,
+               CPU, then ``ParallelSpatialLLVM`` for the large element-wise blocks of what
+               GIR declined; ``GIRCUDA`` on GPU, before dlight); GPU: dlight rules (Matmul, GEMV,
                Reduction, GeneralReduction, Fallback); CPU with ``gir=off``: none; then
                ``PropagateNaN`` (``propagate_nan``: float max / min return NaN for a NaN
                operand, as torch)
@@ -165,9 +166,11 @@ def _schedule_passes(target: tvm.target.Target, options: Options) -> list[tvm.tr
             )
         ]
     if options.gir_enabled(target):
-        from .schedules import GIRLLVM
+        from .schedules import GIRLLVM, ParallelSpatialLLVM
 
-        return [ApplyScheduleRules(GIRLLVM(budget=options.gir_search_budget))]
+        return [
+            ApplyScheduleRules(GIRLLVM(budget=options.gir_search_budget), ParallelSpatialLLVM())
+        ]
     return []
 
 
