@@ -126,7 +126,14 @@ def test_phase_contents_follow_target_and_options():
     ]
     assert _pass_names(phases["schedule"](CUDA, Options())) == schedule
     assert "RewriteCUDAGraph" not in _pass_names(phases["finalize"](llvm, Options()))
-    assert "RewriteCUDAGraph" in _pass_names(phases["finalize"](CUDA, Options()))
+    # capture (with its staging) only where the options ask for graphs
+    assert "RewriteCUDAGraph" not in _pass_names(phases["finalize"](CUDA, Options()))
+    assert _pass_names(phases["finalize"](CUDA, Options(cuda_graph="always")))[:4] == [
+        "StageGraphInputs",
+        "StageGraphOutputs",
+        "StaticPlanBlockMemory",
+        "RewriteCUDAGraph",
+    ]
     assert _pass_names(phases["finalize"](llvm, Options()))[0] == "StaticPlanBlockMemory"
 
 

@@ -18,7 +18,14 @@ from tvm import relax
 
 from . import interrupt
 from .compiled_model import CompiledModel, WeightSource, load, share_tied_weights
-from .errors import InternalCompileError, ModelLoadError, OutputWriteError, PlusError
+from .cuda_graph_report import cuda_graph_report
+from .errors import (
+    TVM_REFUSAL,
+    InternalCompileError,
+    ModelLoadError,
+    OutputWriteError,
+    PlusError,
+)
 from .frontend import num_inputs
 from .index_inputs import index_input_ranges
 from .loader import LoadedModel, load_model
@@ -104,10 +111,31 @@ def _pre_lowering(
         **({"fusion_explain": recorder.explain} if recorder.explain is not None else {}),
         **({"schedule": recorder.schedule} if recorder.schedule is not None else {}),
         "kernel_names": kstats["kernel_names"],
+        **(
+            {"cuda_graph": _cuda_graph_stats(mod, target, options)}
+            if _graphs(target, pipeline)
+            else {}
+        ),
         "options": options.to_dict(),
         "compile_s": time.perf_counter() - start,
     }
     return mod, stats
+
+
+def _graphs(target: tvm.target.Target, pipeline: str) -> bool:
+    return pipeline == "plus" and target.kind.name == "cuda"
+
+
+def _cuda_graph_stats(
+    mod: tvm.IRModule, target: tvm.target.Target, options: Options
+) -> dict[str, object]:
+    """``stats["cuda_graph"]``; a rewrite TVM refuses is reported there, never fatal (the build
+    itself runs the same passes only with ``cuda_graph=always``)."""
+    try:
+        return cuda_graph_report(mod, target, options.cuda_graph)
+    except TVM_REFUSAL as err:
+        first = str(err).strip().splitlines()[-1:] or [type(err).__name__]
+        return {"mode": options.cuda_graph, "error": f"capture analysis failed: {first[0]}"}
 
 
 def _context(instruments: list) -> tvm.transform.PassContext:

@@ -195,17 +195,8 @@ def lower_phase(target: tvm.target.Target, options: Options) -> list[tvm.transfo
 
 def finalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     """Phase 6: memory planning, CUDA graph capture (CUDA), lowering to VM builtins."""
-    from .passes import RewriteCUDAGraph
-
-    passes = []
     graphs = target.kind.name == "cuda" and options.cuda_graph == "always"
-    if graphs:  # readers of inputs and library writers of outputs into the graph (PyGraph 4.1)
-        from .passes import StageGraphInputs, StageGraphOutputs
-
-        passes += [StageGraphInputs(target), StageGraphOutputs(target)]
-    passes.append(relax.transform.StaticPlanBlockMemory())
-    if target.kind.name == "cuda":
-        passes.append(RewriteCUDAGraph(enabled=graphs))
+    passes = capture_passes(target) if graphs else [relax.transform.StaticPlanBlockMemory()]
     passes += [
         relax.transform.LowerAllocTensor(),
         relax.transform.KillAfterLastUse(),
@@ -215,6 +206,20 @@ def finalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         relax.transform.AttachGlobalSymbol(),
     ]
     return passes
+
+
+def capture_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """Phase 6's CUDA-graph part: readers of inputs and library writers of outputs staged into
+    the graph (PyGraph 4.1), memory planning, then TVM's capture rewrite (also what
+    ``stats["cuda_graph"]`` analyses)."""
+    from .passes import RewriteCUDAGraph, StageGraphInputs, StageGraphOutputs
+
+    return [
+        StageGraphInputs(target),
+        StageGraphOutputs(target),
+        relax.transform.StaticPlanBlockMemory(),
+        RewriteCUDAGraph(enabled=True),
+    ]
 
 
 PHASES: tuple[tuple[str, PhaseFn], ...] = (

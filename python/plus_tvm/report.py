@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections import Counter
 
 _SUMMARY_KEYS = (
     "model",
@@ -23,6 +24,17 @@ def stats_text(stats: dict) -> str:
     if stats.get("patterns"):
         pats = ", ".join(f"{k}={v}" for k, v in sorted(stats["patterns"].items()))
         lines.append(f"{'patterns':<{width}}  {pats}")
+    graph = stats.get("cuda_graph")
+    if graph and "error" not in graph:
+        why = Counter(o["reason"] for o in graph["outside"])
+        outside = ", ".join(f"{n} {reason}" for reason, n in why.most_common()) or "none"
+        lines.append(
+            f"{'cuda_graph':<{width}}  {graph['kernels_captured']}/{graph['kernels']} kernels in "
+            f"{graph['regions']} region(s) ({'on' if graph['enabled'] else 'off in this build'});"
+            f" outside: {outside}"
+        )
+    elif graph:
+        lines.append(f"{'cuda_graph':<{width}}  {graph['error']}")
     return "\n".join(lines)
 
 

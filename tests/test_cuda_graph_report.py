@@ -1,0 +1,92 @@
+"""stats["cuda_graph"]: capture regions, kernels captured / total and the reason for every kernel
+left outside, read off sm_90 builds on a machine without a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import plus_tvm
+import pytest
+import tvm
+from plus_tvm import Options
+from tvm import relax
+
+CUDA = {"kind": "cuda", "arch": "sm_90"}
+
+
+def _report(model, mode: str = "always") -> dict:
+    stats = plus_tvm.inspect(model, target=CUDA, options=Options(cuda_graph=mode))
+    report = stats["cuda_graph"]
+    json.dumps(report)  # the CLI prints it as JSON
+    return report
+
+
+def _consistent(report: dict) -> None:
+    assert report["kernels"] == report["kernels_captured"] + len(report["outside"])
+    assert 0 <= report["library_calls_captured"] <= report["library_calls"]
+    assert report["regions"] >= (1 if report["kernels_captured"] else 0)
+
+
+@pytest.mark.parametrize("mode", ["always", "off"])
+def test_bert_tiny_everything_but_the_input_gather_is_captured(mode):
+    report = _report("zoo:bert-base-tiny", mode)
+    _consistent(report)
+    assert report["mode"] == mode and report["enabled"] == (mode == "always")
+    assert report["regions"] == 1
+    assert report["library_calls"] > 0
+    assert report["library_calls_captured"] == report["library_calls"]
+    reasons = {o["kernel"]: o["reason"] for o in report["outside"]}
+    # the embedding gather reads input_ids; the returned tensor is staged by one copy
+    assert sorted(reasons.values()) == ["reads a model input", "stages a returned tensor"]
+    assert report["bytes_staged_per_replay"] == 1 * 16 * 64 * 4
+
+
+def test_gpt2_tiny_names_the_kernels_between_host_builtins():
+    report = _report("zoo:gpt2-tiny")
+    _consistent(report)
+    split = [o["kernel"] for o in report["outside"] if o["reason"] == "between host-side builtins"]
+    assert any("cumsum" in k for k in split), report["outside"]
+    assert report["regions"] >= 2
+
+
+def _dynamic_mlp() -> tvm.IRModule:
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 32), "float32"))
+    w1 = relax.Var("w1", relax.TensorType((32, 32), "float32"))
+    w2 = relax.Var("w2", relax.TensorType((32, 8), "float32"))
+    with bb.function("main", [x, w1, w2], attrs={"num_input": 1}):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(relax.op.matmul(x, w1)))
+            h = bb.emit(relax.op.tanh(relax.op.matmul(h, w2)))
+            h = bb.emit(relax.op.exp(h))
+            out = bb.emit_output(relax.op.sigmoid(h))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_symbolic_sizes_are_named():
+    report = _report(_dynamic_mlp())
+    _consistent(report)
+    reasons = {o["reason"] for o in report["outside"]}
+    assert report["kernels_captured"] == 0
+    assert "reads a model input" in reasons and "symbolic size" in reasons
+    assert "writes the returned tensor" in reasons
+    assert report["bytes_staged_per_replay"] == 0
+
+
+def test_cpu_builds_have_no_cuda_graph_report():
+    stats = plus_tvm.inspect("zoo:bert-base-tiny", target="llvm")
+    assert "cuda_graph" not in stats
+    tvm_stats = plus_tvm.inspect("zoo:bert-base-tiny", target=CUDA, pipeline="tvm")
+    assert "cuda_graph" not in tvm_stats
+
+
+def test_cli_inspect_prints_it_without_a_gpu(capsys):
+    from plus_tvm.cli import main
+
+    assert main(["inspect", "zoo:bert-base-tiny", "--target", "cuda", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["cuda_graph"]
+    _consistent(report)
+    assert main(["inspect", "zoo:bert-base-tiny", "--target", "cuda"]) == 0
+    assert "cuda_graph     15/17 kernels in 1 region(s)" in capsys.readouterr().out
