@@ -6,6 +6,7 @@ from .convert_to_channels_last import ConvertToChannelsLast
 from .dp_fuse_ops import DPFuseOps
 from .expand_integer_power import ExpandIntegerPower
 from .fold_pad_into_conv import FoldPadIntoConv
+from .fold_static_subgraphs import FoldStaticSubgraphs
 from .global_pool_to_mean import GlobalPoolToMean
 from .merge_sibling_linears import MergeSiblingLinears
 from .plus_dispatch import PlusDispatch
@@ -23,6 +24,7 @@ __all__ = [
     "DPFuseOps",
     "ExpandIntegerPower",
     "FoldPadIntoConv",
+    "FoldStaticSubgraphs",
     "GlobalPoolToMean",
     "MergeSiblingLinears",
     "PlusDispatch",

@@ -55,6 +55,7 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     from .passes import (
         ConvertToChannelsLast,
         FoldPadIntoConv,
+        FoldStaticSubgraphs,
         GlobalPoolToMean,
         SimplifyViews,
         WrapTakeIndices,
@@ -63,7 +64,9 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     # identity views, zero pads and pads a convolution can do itself out of the way first:
     # each would be a kernel of its own
     channels_last = options.channels_last(target)
-    passes: list[tvm.transform.Pass] = [
+    # input-independent chains (masks and position tables from arange) computed once here
+    passes: list[tvm.transform.Pass] = [FoldStaticSubgraphs()] if options.fold_constants else []
+    passes += [
         WrapTakeIndices(),  # gathers never read outside their table
         GlobalPoolToMean(),
         SimplifyViews(),
