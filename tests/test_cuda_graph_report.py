@@ -41,12 +41,21 @@ def test_bert_tiny_everything_but_the_input_gather_is_captured(mode):
     assert report["bytes_staged_per_replay"] == 1 * 16 * 64 * 4
 
 
-def test_gpt2_tiny_names_the_kernels_between_host_builtins():
-    report = _report("zoo:gpt2-tiny")
-    _consistent(report)
-    split = [o["kernel"] for o in report["outside"] if o["reason"] == "between host-side builtins"]
-    assert any("cumsum" in k for k in split), report["outside"]
-    assert report["regions"] >= 2
+def test_gpt2_tiny_mask_kernels_fold_and_the_region_stays_whole():
+    """GPT-2's mask runs a cumsum between ``vm.builtin.reshape`` host calls, which cuts the graph;
+    folded at compile time (FoldStaticSubgraphs) it leaves one region."""
+    cut = plus_tvm.inspect(
+        "zoo:gpt2-tiny", target=CUDA, options=Options(cuda_graph="always", fold_constants=False)
+    )["cuda_graph"]
+    _consistent(cut)
+    split = [o["kernel"] for o in cut["outside"] if o["reason"] == "between host-side builtins"]
+    assert any("cumsum" in k for k in split), cut["outside"]
+    assert cut["regions"] >= 2
+    whole = _report("zoo:gpt2-tiny")
+    _consistent(whole)
+    assert whole["regions"] == 1
+    reasons = sorted(o["reason"] for o in whole["outside"])
+    assert reasons == ["reads a model input", "stages a returned tensor"]
 
 
 def _dynamic_mlp() -> tvm.IRModule:
