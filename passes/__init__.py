@@ -3,6 +3,7 @@
 from .annotate_map_pattern import AnnotateMapPattern
 from .apply_schedule_rules import ApplyScheduleRules
 from .convert_to_channels_last import ConvertToChannelsLast
+from .declare_capture_vars import DeclareCaptureVars
 from .dp_fuse_ops import DPFuseOps
 from .expand_integer_power import ExpandIntegerPower
 from .fold_pad_into_conv import FoldPadIntoConv
@@ -21,6 +22,7 @@ __all__ = [
     "AnnotateMapPattern",
     "ApplyScheduleRules",
     "ConvertToChannelsLast",
+    "DeclareCaptureVars",
     "DPFuseOps",
     "ExpandIntegerPower",
     "FoldPadIntoConv",

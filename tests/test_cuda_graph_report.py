@@ -14,8 +14,8 @@ from tvm import relax
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 
 
-def _report(model, mode: str = "always") -> dict:
-    stats = plus_tvm.inspect(model, target=CUDA, options=Options(cuda_graph=mode))
+def _report(model, mode: str = "always", **options) -> dict:
+    stats = plus_tvm.inspect(model, target=CUDA, options=Options(cuda_graph=mode, **options))
     report = stats["cuda_graph"]
     json.dumps(report)  # the CLI prints it as JSON
     return report
@@ -58,13 +58,16 @@ def test_gpt2_tiny_mask_kernels_fold_and_the_region_stays_whole():
     assert reasons == ["reads a model input", "stages a returned tensor"]
 
 
-def _dynamic_mlp() -> tvm.IRModule:
+def _dynamic_mlp(upper: int | None = None) -> tvm.IRModule:
     n = tvm.tirx.Var("n", "int64")
+    attrs = {"num_input": 1}
+    if upper is not None:
+        attrs["tir_var_upper_bound"] = {"n": upper}
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((n, 32), "float32"))
     w1 = relax.Var("w1", relax.TensorType((32, 32), "float32"))
     w2 = relax.Var("w2", relax.TensorType((32, 8), "float32"))
-    with bb.function("main", [x, w1, w2], attrs={"num_input": 1}):
+    with bb.function("main", [x, w1, w2], attrs=attrs):
         with bb.dataflow():
             h = bb.emit(relax.op.nn.relu(relax.op.matmul(x, w1)))
             h = bb.emit(relax.op.tanh(relax.op.matmul(h, w2)))
@@ -82,6 +85,37 @@ def test_symbolic_sizes_are_named():
     assert "reads a model input" in reasons and "symbolic size" in reasons
     assert "writes the returned tensor" in reasons
     assert report["bytes_staged_per_replay"] == 0
+
+
+@pytest.mark.parametrize("max_sizes", [32, 8])
+def test_bounded_symbolic_sizes_are_captured_per_value(max_sizes):
+    """n <= 8 has 8 values: declared as a capture variable up to a cap of 8 graphs."""
+    report = _report(_dynamic_mlp(upper=8), cuda_graph_max_sizes=max_sizes)
+    _consistent(report)
+    assert report["regions"] == 1 and report["kernels_captured"] > 0
+    assert "symbolic size" not in {o["reason"] for o in report["outside"]}
+
+
+@pytest.mark.parametrize("max_sizes", [7, 0])
+def test_sizes_wider_than_the_cap_stay_outside(max_sizes):
+    report = _report(_dynamic_mlp(upper=8), cuda_graph_max_sizes=max_sizes)
+    _consistent(report)
+    assert report["kernels_captured"] == 0
+    assert "symbolic size" in {o["reason"] for o in report["outside"]}
+
+
+def test_declare_capture_vars_keeps_user_declarations_and_lower_bounds():
+    from plus_tvm.passes import DeclareCaptureVars
+    from plus_tvm.passes.declare_capture_vars import CAPTURE_ATTR
+
+    mod = _dynamic_mlp(upper=40)
+    assert CAPTURE_ATTR not in (DeclareCaptureVars(32)(mod)["main"].attrs or {})
+    narrow = mod["main"].with_attr("tir_var_lower_bound", {"n": 20})
+    got = DeclareCaptureVars(32)(tvm.IRModule({"main": narrow}))["main"].attrs[CAPTURE_ATTR]
+    assert [str(v) for v in got] == ["n"]
+    mine = narrow.with_attr(CAPTURE_ATTR, ["m"])
+    got = DeclareCaptureVars(32)(tvm.IRModule({"main": mine}))["main"].attrs[CAPTURE_ATTR]
+    assert [str(v) for v in got] == ["m", "n"]
 
 
 def test_cpu_builds_have_no_cuda_graph_report():

@@ -128,7 +128,8 @@ def test_phase_contents_follow_target_and_options():
     assert "RewriteCUDAGraph" not in _pass_names(phases["finalize"](llvm, Options()))
     # capture (with its staging) only where the options ask for graphs
     assert "RewriteCUDAGraph" not in _pass_names(phases["finalize"](CUDA, Options()))
-    assert _pass_names(phases["finalize"](CUDA, Options(cuda_graph="always")))[:4] == [
+    assert _pass_names(phases["finalize"](CUDA, Options(cuda_graph="always")))[:5] == [
+        "DeclareCaptureVars",
         "StageGraphInputs",
         "StageGraphOutputs",
         "StaticPlanBlockMemory",

@@ -132,7 +132,7 @@ def _cuda_graph_stats(
     """``stats["cuda_graph"]``; a rewrite TVM refuses is reported there, never fatal (the build
     itself runs the same passes only with ``cuda_graph=always``)."""
     try:
-        return cuda_graph_report(mod, target, options.cuda_graph)
+        return cuda_graph_report(mod, target, options)
     except TVM_REFUSAL as err:
         first = str(err).strip().splitlines()[-1:] or [type(err).__name__]
         return {"mode": options.cuda_graph, "error": f"capture analysis failed: {first[0]}"}

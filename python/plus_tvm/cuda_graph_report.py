@@ -26,13 +26,16 @@ import tvm
 from tvm import relax
 
 from .frontend import num_inputs
+from .options import Options
 from .passes._graph_staging import is_kernel_call, is_library_call, static_shape, tensor_bytes
 
 RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
 STAGE_PREFIX = "plus_stage_copy_"
 
 
-def cuda_graph_report(mod: tvm.IRModule, target: tvm.target.Target, mode: str) -> dict[str, object]:
+def cuda_graph_report(
+    mod: tvm.IRModule, target: tvm.target.Target, options: Options
+) -> dict[str, object]:
     """The capture report of a module after phases 1-4 (dataflow form), for ``target``.
 
     Parameters
@@ -41,14 +44,16 @@ def cuda_graph_report(mod: tvm.IRModule, target: tvm.target.Target, mode: str) -
         The module the pre-lowering phases returned.
     target : tvm.target.Target
         A CUDA target.
-    mode : str
-        ``Options.cuda_graph`` of the build (``enabled``; the plan analysed is ``always``'s).
+    options : Options
+        The build's options (``cuda_graph`` gives ``enabled``; the plan analysed is the one
+        ``always`` builds with these options).
     """
     from .pipeline import capture_passes, lower_phase
 
+    passes = lower_phase(target, options) + capture_passes(target, options)
     with target:
-        lowered = tvm.transform.Sequential(lower_phase(target, None) + capture_passes(target))(mod)
-    return _analyse(lowered, mode)
+        lowered = tvm.transform.Sequential(passes)(mod)
+    return _analyse(lowered, options.cuda_graph)
 
 
 def _analyse(mod: tvm.IRModule, mode: str) -> dict[str, object]:

@@ -88,8 +88,14 @@ class Options:
         on an H100 in NCHW).
     cuda_graph : {"auto", "off", "always"}
         Phase 6 on CUDA targets: capture static kernel runs into CUDA graphs.
+    cuda_graph_max_sizes : int
+        Phase 6: a symbolic size whose bounds (``tir_var_upper_bound``, and
+        ``tir_var_lower_bound`` or 1) allow at most this many values is captured per value (one
+        graph per size, ``DeclareCaptureVars``); a wider or unbounded one ends the capture
+        region (its kernels run without a graph). 0: never.
     fold_constants : bool
-        Run ``FoldConstant`` after legalization (TVM's default does).
+        Run ``FoldStaticSubgraphs`` in phase 1 (input-independent chains computed at compile
+        time) and ``FoldConstant`` after legalization (TVM's default does the latter).
     propagate_nan : bool
         Phase 4: float ``max`` / ``min`` in the generated kernels (ReLU, clip, max pooling,
         max reductions) return NaN when an operand is NaN, as torch does (``PropagateNaN``);
@@ -114,6 +120,7 @@ class Options:
     gir_search_budget: int = 0
     conv_layout: str = "auto"
     cuda_graph: str = "off"
+    cuda_graph_max_sizes: int = 32
     fold_constants: bool = True
     propagate_nan: bool = True
     dump_ir: str | None = None
@@ -147,6 +154,15 @@ class Options:
             raise OptionsError(
                 f"option gir_search_budget must be a non-negative integer, "
                 f"got {self.gir_search_budget!r}"
+            )
+        if (
+            not isinstance(self.cuda_graph_max_sizes, int)
+            or isinstance(self.cuda_graph_max_sizes, bool)
+            or self.cuda_graph_max_sizes < 0
+        ):
+            raise OptionsError(
+                f"option cuda_graph_max_sizes must be a non-negative integer, "
+                f"got {self.cuda_graph_max_sizes!r}"
             )
         for name in (
             "dispatch",

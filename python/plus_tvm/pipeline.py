@@ -199,7 +199,8 @@ def lower_phase(target: tvm.target.Target, options: Options) -> list[tvm.transfo
 def finalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     """Phase 6: memory planning, CUDA graph capture (CUDA), lowering to VM builtins."""
     graphs = target.kind.name == "cuda" and options.cuda_graph == "always"
-    passes = capture_passes(target) if graphs else [relax.transform.StaticPlanBlockMemory()]
+    plan = [relax.transform.StaticPlanBlockMemory()]
+    passes = capture_passes(target, options) if graphs else plan
     passes += [
         relax.transform.LowerAllocTensor(),
         relax.transform.KillAfterLastUse(),
@@ -211,13 +212,14 @@ def finalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     return passes
 
 
-def capture_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
-    """Phase 6's CUDA-graph part: readers of inputs and library writers of outputs staged into
-    the graph (PyGraph 4.1), memory planning, then TVM's capture rewrite (also what
-    ``stats["cuda_graph"]`` analyses)."""
-    from .passes import RewriteCUDAGraph, StageGraphInputs, StageGraphOutputs
+def capture_passes(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
+    """Phase 6's CUDA-graph part: bounded symbolic sizes declared for capture per value,
+    readers of inputs and library writers of outputs staged into the graph (PyGraph 4.1),
+    memory planning, then TVM's capture rewrite (also what ``stats["cuda_graph"]`` analyses)."""
+    from .passes import DeclareCaptureVars, RewriteCUDAGraph, StageGraphInputs, StageGraphOutputs
 
     return [
+        DeclareCaptureVars(max_sizes=options.cuda_graph_max_sizes),
         StageGraphInputs(target),
         StageGraphOutputs(target),
         relax.transform.StaticPlanBlockMemory(),

@@ -1,0 +1,70 @@
+"""DeclareCaptureVars: bounded symbolic sizes captured per value (PyGraph 4.1, in Relax terms).
+
+TVM's ``RewriteCUDAGraph`` ends a capture region at any kernel whose arguments have a symbolic
+size, unless the function lists that size's variable in
+``relax.rewrite_cuda_graph.capture_symbolic_vars``; then the runtime captures one graph per value
+of it (keyed by the shape values) and never frees them. This pass declares the variables whose
+bounds are known and narrow: a function attribute ``tir_var_upper_bound`` (what the frontends
+emit for a ``torch.export.Dim(max=...)``; ``StaticPlanBlockMemory`` plans the buffers for the
+upper bound), with ``tir_var_lower_bound`` or 1 as the low end, admitting at most ``max_sizes``
+values. So the number of graphs per function is bounded at compile time; a wider or unbounded
+size stays undeclared and its kernels run outside the graph (``stats["cuda_graph"]`` says
+"symbolic size"). Variables a user already declared are kept.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+CAPTURE_ATTR = "relax.rewrite_cuda_graph.capture_symbolic_vars"
+UPPER_ATTR = "tir_var_upper_bound"
+LOWER_ATTR = "tir_var_lower_bound"
+
+
+def _bounds(func: relax.Function, key: str) -> dict[str, int]:
+    attrs = func.attrs
+    if attrs is None or key not in attrs:
+        return {}
+    return {str(name): int(value) for name, value in attrs[key].items()}
+
+
+@tvm.transform.module_pass(opt_level=0, name="DeclareCaptureVars")
+class DeclareCaptureVars:
+    """Declare symbolic sizes with at most ``max_sizes`` values as CUDA-graph capture variables.
+
+    Parameters
+    ----------
+    max_sizes : int
+        Most values (graphs) one declared size may have; 0 declares none.
+    """
+
+    def __init__(self, max_sizes: int = 32) -> None:
+        self.max_sizes = max_sizes
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        functions = {}
+        changed = False
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                names = self._declared(func)
+                if names is not None:
+                    func = func.with_attr(CAPTURE_ATTR, names)
+                    changed = True
+            functions[gvar] = func
+        if not changed:
+            return mod
+        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+    def _declared(self, func: relax.Function) -> list[str] | None:
+        upper = _bounds(func, UPPER_ATTR)
+        if not upper or self.max_sizes <= 0:
+            return None
+        lower = _bounds(func, LOWER_ATTR)
+        have = [str(n) for n in (func.attrs.get(CAPTURE_ATTR) or [])]
+        new = [
+            name
+            for name, high in sorted(upper.items())
+            if name not in have and high - lower.get(name, 1) + 1 <= self.max_sizes
+        ]
+        return have + new if new else None
