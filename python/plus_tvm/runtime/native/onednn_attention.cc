@@ -84,15 +84,8 @@ class Attention : public KernelBase {
   void operator()(ffi::PackedArgs args, ffi::Any* rv) {
     int64_t start = NowNs();
     Call call;
-    if (!SplitCall(args, &call)) return Fallback(args, rv);
-    const AttentionConfig* cfg;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      cfg = configs_.Get(call.config, ParseAttentionConfig);
-    }
-    if (!cfg->native || call.num_inputs != cfg->inputs() || call.extra_out != nullptr) {
-      return Fallback(args, rv);
-    }
+    const AttentionConfig* cfg = Begin(args, &configs_, ParseAttentionConfig, &call);
+    if (cfg == nullptr) return Fallback(args, rv);
     const DLTensor* q = call.inputs[0];
     const DLTensor* k = call.inputs[1];
     const DLTensor* v = call.inputs[2];

@@ -473,6 +473,23 @@ class KernelBase {
     counters_.execute_ns += NowNs() - begin;
   }
 
+  // The start every native call shares: the VM's arguments split, the config parsed once per
+  // distinct string, and what every native path requires (a native config, as many inputs as it
+  // names, a second output only where ``extra_out_ok``). nullptr: hand the call to Python.
+  template <typename Config, typename Parse>
+  const Config* Begin(ffi::PackedArgs args, ConfigCache<Config>* cache, Parse parse, Call* call,
+                      bool extra_out_ok = false) {
+    if (!SplitCall(args, call)) return nullptr;
+    const Config* cfg;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cfg = cache->Get(call->config, parse);
+    }
+    if (!cfg->native || call->num_inputs != cfg->inputs()) return nullptr;
+    if (call->extra_out != nullptr && !extra_out_ok) return nullptr;
+    return cfg;
+  }
+
   void Done(int64_t start) {
     counters_.calls += 1;
     counters_.call_ns += NowNs() - start;

@@ -91,15 +91,8 @@ class Conv2d : public KernelBase {
   void operator()(ffi::PackedArgs args, ffi::Any* rv) {
     int64_t start = NowNs();
     Call call;
-    if (!SplitCall(args, &call)) return Fallback(args, rv);
-    const ConvConfig* cfg;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      cfg = configs_.Get(call.config, ParseConvConfig);
-    }
-    if (!cfg->native || call.num_inputs != cfg->inputs() || call.extra_out != nullptr) {
-      return Fallback(args, rv);
-    }
+    const ConvConfig* cfg = Begin(args, &configs_, ParseConvConfig, &call);
+    if (cfg == nullptr) return Fallback(args, rv);
     const DLTensor* const* t = call.inputs;
     const DLTensor* x = t[0];
     const DLTensor* w = t[1];

@@ -88,13 +88,9 @@ class LinearKernel : public KernelBase {
   void operator()(ffi::PackedArgs args, ffi::Any* rv) {
     int64_t start = NowNs();
     Call call;
-    if (!SplitCall(args, &call)) return Fallback(args, rv);
-    const LinearConfig* cfg;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      cfg = configs_.Get(call.config, kNorm ? ParseLinearNorm : ParseLinear);
-    }
-    if (!cfg->native || call.num_inputs != cfg->inputs()) return Fallback(args, rv);
+    const LinearConfig* cfg =
+        Begin(args, &configs_, kNorm ? ParseLinearNorm : ParseLinear, &call, /*extra_out_ok=*/kNorm);
+    if (cfg == nullptr) return Fallback(args, rv);
     const DLTensor* const* t = call.inputs;
     const DLTensor* x = t[0];
     const DLTensor* w = t[1];
