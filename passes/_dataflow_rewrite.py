@@ -32,17 +32,34 @@ def rewrite_bindings(
     ``BlockBuilder`` to type new calls. When something changed, the new module goes through
     ``finish`` (normalization, clean-up passes); otherwise ``mod`` is returned as it is.
     """
+    return map_functions(mod, lambda func: _rewrite_function(func, rewrite), finish)
+
+
+def normalize_and_clean(mod: tvm.IRModule) -> tvm.IRModule:
+    """The usual ``finish``: normalize the rebuilt functions, drop bindings nothing reads."""
+    return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+
+
+def map_functions(
+    mod: tvm.IRModule,
+    fn: Callable[[relax.Function], relax.Function],
+    finish: Callable[[tvm.IRModule], tvm.IRModule] | None = None,
+) -> tvm.IRModule:
+    """``fn`` on every Relax function of ``mod`` with a body (it returns the function itself
+    when nothing changes); ``mod`` itself when nothing did, else the new module through
+    ``finish``. ``mod`` is never mutated."""
     functions = {}
     changed = False
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-            new = _rewrite_function(func, rewrite)
+            new = fn(func)
             changed |= new is not func
             func = new
         functions[gvar] = func
     if not changed:
         return mod
-    return finish(tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos))
+    out = tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+    return finish(out) if finish is not None else out
 
 
 def _rewrite_function(func: relax.Function, rewrite: BindingRewrite) -> relax.Function:

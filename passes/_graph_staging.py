@@ -1,6 +1,7 @@
 """What the CUDA-graph staging passes share (``StageGraphInputs``, ``StageGraphOutputs``): the
 lowered-IR forms they read and write, the copy kernel, and variable substitution in A-normal
-form.
+form. ``static_shape`` and ``tensor_bytes`` also serve ``FoldStaticSubgraphs`` and the
+capture report.
 
 They run at the start of phase 6, on ``main`` after ``CallTIRRewrite`` (one non-dataflow block,
 explicit ``R.builtin.alloc_tensor`` outputs; a kernel is a call to a PrimFunc ``GlobalVar``, a
@@ -27,11 +28,12 @@ def static_shape(ty: object) -> tuple[int, ...] | None:
 
 
 def tensor_bytes(ty: relax.TensorType) -> int:
+    """Bytes of a statically shaped tensor as stored (a bool is one byte)."""
     shape = static_shape(ty) or ()
     count = 1
     for d in shape:
         count *= d
-    return count * tvm.DataType(str(ty.dtype)).bits // 8
+    return count * max(1, tvm.DataType(str(ty.dtype)).bits // 8)
 
 
 def is_library_call(value: relax.Expr) -> bool:

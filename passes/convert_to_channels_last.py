@@ -25,7 +25,7 @@ from tvm import relax
 
 from ..mapping.classes import MapPattern
 from ..mapping.op_table import OP_MAP_PATTERNS
-from ._dataflow_rewrite import op_name
+from ._dataflow_rewrite import map_functions, normalize_and_clean, op_name
 
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
@@ -55,18 +55,7 @@ class ConvertToChannelsLast:
     """Rewrite NCHW convolutions and the layout-following operators between them to NHWC."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        functions = {}
-        changed = False
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-                new = _rewrite_function(func)
-                changed |= new is not func
-                func = new
-            functions[gvar] = func
-        if not changed:
-            return mod
-        out = tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
-        return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(out))
+        return map_functions(mod, _rewrite_function, normalize_and_clean)
 
 
 def _rewrite_function(func: relax.Function) -> relax.Function:

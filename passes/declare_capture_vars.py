@@ -17,6 +17,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ._dataflow_rewrite import map_functions
+
 CAPTURE_ATTR = "relax.rewrite_cuda_graph.capture_symbolic_vars"
 UPPER_ATTR = "tir_var_upper_bound"
 LOWER_ATTR = "tir_var_lower_bound"
@@ -43,18 +45,11 @@ class DeclareCaptureVars:
         self.max_sizes = max_sizes
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        functions = {}
-        changed = False
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                names = self._declared(func)
-                if names is not None:
-                    func = func.with_attr(CAPTURE_ATTR, names)
-                    changed = True
-            functions[gvar] = func
-        if not changed:
-            return mod
-        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+        return map_functions(mod, self._declare)
+
+    def _declare(self, func: relax.Function) -> relax.Function:
+        names = self._declared(func)
+        return func if names is None else func.with_attr(CAPTURE_ATTR, names)
 
     def _declared(self, func: relax.Function) -> list[str] | None:
         upper = _bounds(func, UPPER_ATTR)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ._dataflow_rewrite import op_name, rewrite_bindings
+from ._dataflow_rewrite import normalize_and_clean, op_name, rewrite_bindings
 
 
 def _spatial_pad(pad: relax.Call, layout: str) -> tuple[int, int, int, int] | None:
@@ -50,11 +50,7 @@ class FoldPadIntoConv:
         def fold(binding: relax.VarBinding, pads: dict, bb: relax.BlockBuilder):  # noqa: ANN202
             return _fold(binding, pads, bb, self.asymmetric)
 
-        return rewrite_bindings(mod, fold, _finish)
-
-
-def _finish(mod: tvm.IRModule) -> tvm.IRModule:
-    return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+        return rewrite_bindings(mod, fold, normalize_and_clean)
 
 
 def _fold(

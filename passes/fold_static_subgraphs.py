@@ -21,6 +21,9 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ._dataflow_rewrite import map_functions, normalize_and_clean
+from ._graph_staging import static_shape, tensor_bytes
+
 _NOT_FOLDED = frozenset(
     {
         "relax.call_tir",
@@ -45,21 +48,6 @@ _SORT_SCAN = frozenset(
         "relax.cumprod",
     }
 )
-
-
-def _static_shape(ty: object) -> list[int] | None:
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values):
-        return None
-    return [int(d) for d in ty.shape.values]
-
-
-def _nbytes(ty: relax.TensorType) -> int:
-    count = 1
-    for d in _static_shape(ty) or []:
-        count *= d
-    return count * max(1, tvm.DataType(str(ty.dtype)).bits // 8)
 
 
 def _foldable_op(call: relax.Call) -> bool:
@@ -95,18 +83,7 @@ class FoldStaticSubgraphs:
         self.max_bytes = max_bytes
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        functions = {}
-        changed = False
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-                new = self._fold_function(func)
-                changed |= new is not func
-                func = new
-            functions[gvar] = func
-        if not changed:
-            return mod
-        out = tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
-        return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(out))
+        return map_functions(mod, self._fold_function, normalize_and_clean)
 
     def _fold_function(self, func: relax.Function) -> relax.Function:
         blocks = list(func.body.blocks)
@@ -129,16 +106,16 @@ class FoldStaticSubgraphs:
         static: set = set()
         chain: list[relax.VarBinding] = []
         for binding in block.bindings:
-            value = binding.value
             if not isinstance(binding, relax.VarBinding):
                 continue
+            value = binding.value
             if isinstance(value, relax.Var) and value in static:
                 static.add(binding.var)
                 chain.append(binding)
             elif (
                 isinstance(value, relax.Call)
                 and _foldable_op(value)
-                and _static_shape(binding.var.ty) is not None
+                and static_shape(binding.var.ty) is not None
                 and all(_static_arg(a, static) for a in value.args)
             ):
                 static.add(binding.var)
@@ -146,7 +123,7 @@ class FoldStaticSubgraphs:
         if not any(isinstance(b.value, relax.Call) for b in chain):
             return None
         needed = self._needed(func, block, static)
-        if not needed or sum(_nbytes(v.ty) for v in needed) > self.max_bytes:
+        if not needed or sum(tensor_bytes(v.ty) for v in needed) > self.max_bytes:
             return None
         values = _evaluate(chain, needed)
         consts = {v: relax.const(t.numpy(), str(v.ty.dtype)) for v, t in zip(needed, values)}

@@ -133,3 +133,35 @@ def test_cli_inspect_prints_it_without_a_gpu(capsys):
     _consistent(report)
     assert main(["inspect", "zoo:bert-base-tiny", "--target", "cuda"]) == 0
     assert "cuda_graph     15/17 kernels in 1 region(s)" in capsys.readouterr().out
+
+
+def test_a_refused_analysis_is_reported_not_fatal(monkeypatch):
+    """TVM refusing the capture rewrite (a RuntimeError / ValueError) leaves the build alone:
+    the report names the failure, the text form shows it; other errors still propagate."""
+    import plus_tvm.compiler as compiler
+    from plus_tvm.report import stats_text
+
+    def refuse(*_args):
+        raise RuntimeError("Traceback ...\nInternalError: cannot plan storage")
+
+    monkeypatch.setattr(compiler, "cuda_graph_report", refuse)
+    stats = plus_tvm.inspect("zoo:bert-base-tiny", target=CUDA)
+    assert stats["cuda_graph"] == {
+        "mode": "off",
+        "error": "capture analysis failed: InternalError: cannot plan storage",
+    }
+    assert "capture analysis failed: InternalError" in stats_text(stats)
+
+    def bug(*_args):
+        raise KeyError("not a TVM refusal")
+
+    monkeypatch.setattr(compiler, "cuda_graph_report", bug)
+    with pytest.raises(KeyError, match="not a TVM refusal"):  # a bug is never swallowed
+        plus_tvm.inspect("zoo:bert-base-tiny", target=CUDA)
+
+
+def test_staged_bytes_count_a_bool_as_one_byte():
+    from plus_tvm.passes._graph_staging import tensor_bytes
+
+    assert tensor_bytes(relax.TensorType((3, 4), "bool")) == 12
+    assert tensor_bytes(relax.TensorType((3, 4), "float16")) == 24

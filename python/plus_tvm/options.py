@@ -146,24 +146,10 @@ class Options:
                 f"option fusion_max_group_size must be a positive integer, "
                 f"got {self.fusion_max_group_size!r}"
             )
-        if (
-            not isinstance(self.gir_search_budget, int)
-            or isinstance(self.gir_search_budget, bool)
-            or self.gir_search_budget < 0
-        ):
-            raise OptionsError(
-                f"option gir_search_budget must be a non-negative integer, "
-                f"got {self.gir_search_budget!r}"
-            )
-        if (
-            not isinstance(self.cuda_graph_max_sizes, int)
-            or isinstance(self.cuda_graph_max_sizes, bool)
-            or self.cuda_graph_max_sizes < 0
-        ):
-            raise OptionsError(
-                f"option cuda_graph_max_sizes must be a non-negative integer, "
-                f"got {self.cuda_graph_max_sizes!r}"
-            )
+        for name in ("gir_search_budget", "cuda_graph_max_sizes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise OptionsError(f"option {name} must be a non-negative integer, got {value!r}")
         for name in (
             "dispatch",
             "dispatch_cost_model",
