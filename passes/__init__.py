@@ -13,6 +13,8 @@ from .merge_sibling_linears import MergeSiblingLinears
 from .plus_dispatch import PlusDispatch
 from .propagate_nan import PropagateNaN
 from .rewrite_cuda_graph import RewriteCUDAGraph
+from .route_cuda_graph_runtime import RouteCUDAGraphRuntime
+from .select_cuda_graph_regions import SelectCUDAGraphRegions
 from .simplify_views import SimplifyViews
 from .stage_graph_inputs import StageGraphInputs
 from .stage_graph_outputs import StageGraphOutputs
@@ -32,6 +34,8 @@ __all__ = [
     "PlusDispatch",
     "PropagateNaN",
     "RewriteCUDAGraph",
+    "RouteCUDAGraphRuntime",
+    "SelectCUDAGraphRegions",
     "SimplifyViews",
     "StageGraphInputs",
     "StageGraphOutputs",

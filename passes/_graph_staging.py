@@ -14,6 +14,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te
 
+STAGE_PREFIX = "plus_stage_copy_"  # the name of every staging copy kernel starts with it
+
 
 def static_shape(ty: object) -> tuple[int, ...] | None:
     """The static shape of a tensor type, or None (symbolic, unknown, not a tensor)."""
@@ -78,7 +80,7 @@ def copy_kernel(
     """``mod`` with a PrimFunc copying a tensor of ``ty`` (scheduled for GPU targets), and its
     GlobalVar; one kernel per shape and dtype."""
     shape = static_shape(ty)
-    name = "plus_stage_copy_" + "x".join(map(str, shape or (0,))) + "_" + str(ty.dtype)
+    name = STAGE_PREFIX + "x".join(map(str, shape or (0,))) + "_" + str(ty.dtype)
     for gvar in mod.get_global_vars():
         if gvar.name_hint == name:
             return mod, gvar
@@ -148,3 +150,13 @@ def with_main(mod: tvm.IRModule, func: relax.Function) -> tvm.IRModule:
     out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
     out[mod.get_global_var("main")] = relax.BlockBuilder(out).normalize(func)  # types new calls
     return out
+
+
+def staging_copies(mod: tvm.IRModule, func: relax.Function) -> list[relax.Call]:
+    """The staging copy calls of ``func`` (``copy(src, dst)``, src the staged tensor)."""
+    return [
+        b.value
+        for block in func.body.blocks
+        for b in block.bindings
+        if is_kernel_call(b.value, mod) and b.value.op.name_hint.startswith(STAGE_PREFIX)
+    ]

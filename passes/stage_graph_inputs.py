@@ -9,10 +9,11 @@ a capture region in two. A library kernel left outside costs a crossing into Pyt
 This pass (PyGraph section 4.1, in Relax terms) gives such an input a buffer of its own,
 ``R.builtin.alloc_tensor`` planned by ``StaticPlanBlockMemory`` like any intermediate, fills it
 with one copy kernel at the start of ``main`` (that copy is the only reader of the input: it
-stays outside the graph) and makes every reader use the buffer. It stages an input only where
-that pays: when a library kernel reads it, or when two or more kernels do (each would otherwise
-end a region); an input read by one generated kernel (BERT's embedding gather, first anyway)
-is left alone. Inputs of symbolic shape are left alone (their buffer would not be static).
+stays outside the graph) and makes every reader use the buffer. By default every input that
+a kernel reads is staged (``min_readers=1``): a copy then launches where the reader would have
+(BERT's embedding gather), and every kernel of the model can be captured; ``min_readers=2``
+stages only inputs that a library kernel or several kernels read (each would otherwise end a
+region). Inputs of symbolic shape are left alone (their buffer would not be static).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class StageGraphInputs:
         After a run: input name -> bytes copied per call.
     """
 
-    def __init__(self, target: tvm.target.Target, min_readers: int = 2) -> None:
+    def __init__(self, target: tvm.target.Target, min_readers: int = 1) -> None:
         self.target = target
         self.min_readers = min_readers
         self.staged: dict[str, int] = {}

@@ -1,5 +1,5 @@
-"""StageGraphOutputs: a returned tensor written by a library kernel gets a planned buffer and one
-copy, so that the library kernel is captured.
+"""StageGraphOutputs: a returned tensor gets a planned buffer and one copy, so that its writer
+is captured.
 
 TVM's ``RewriteCUDAGraph`` leaves outside the graph every kernel writing storage that the
 function returns (the caller keeps it, so it cannot be a static buffer of the graph). When that
@@ -8,7 +8,8 @@ it runs as a crossing into Python on every call. This pass (PyGraph section 4.1,
 where it pays") makes the writer fill a buffer that ``StaticPlanBlockMemory`` plans (the returned
 tensor is now a copy of it, made by one copy kernel at the end of ``main``, outside the graph):
 a launch and the output's bytes instead of a crossing. A returned tensor written by a generated
-kernel is left alone (a copy kernel would only replace it), as are tensors of symbolic shape.
+kernel is staged too unless ``generated`` is off (the copy replaces its launch, and every kernel
+of the model is then in the graph); tensors of symbolic shape are left alone.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class StageGraphOutputs:
     ----------
     target : tvm.target.Target
         Where the copy kernel runs (scheduled for GPU targets).
+    generated : bool
+        Also stage a returned tensor written by a generated kernel (the writer is captured
+        and a copy launches instead of it: no launch saved, but the region keeps every kernel
+        and the output's copy is one device-to-device transfer).
 
     Attributes
     ----------
@@ -43,8 +48,9 @@ class StageGraphOutputs:
         After a run: returned tensor name -> bytes copied per call.
     """
 
-    def __init__(self, target: tvm.target.Target) -> None:
+    def __init__(self, target: tvm.target.Target, generated: bool = True) -> None:
         self.target = target
+        self.generated = generated
         self.staged: dict[str, int] = {}
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -86,7 +92,7 @@ class StageGraphOutputs:
             root = value_of[root]
         for b in bindings:  # the first call reading the fresh allocation is its writer
             if root in uses(b.value) and (is_library_call(b.value) or is_kernel_call(b.value, mod)):
-                return is_library_call(b.value)
+                return self.generated or is_library_call(b.value)
         return False
 
 

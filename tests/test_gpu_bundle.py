@@ -81,7 +81,8 @@ def test_table_separates_plus_from_the_tvm_baseline():
             "m": {
                 "variants": {
                     "plus-off": dict(row, median_ms=4.0),
-                    "plus-always": row,
+                    "plus-always": dict(row, median_ms=2.0),
+                    "plus-auto": row,
                     "tvm": {"median_ms": 2.0, "max_rel_err": float("inf"), "correct": False},
                 },
                 "peers": {"eager": {"median_ms": 3.0}, "compile-ro": {"median_ms": 0.5}},
@@ -89,4 +90,5 @@ def test_table_separates_plus_from_the_tvm_baseline():
         }
     }
     line = table(results).splitlines()[-1]
-    assert "| 4.00x | 3.00x | 0.50x | 1.0e-07 | yes | NO |" in line
+    # auto vs off, always vs off, auto vs torch, auto vs compile ro
+    assert "| 4.00x | 2.00x | 3.00x | 0.50x | 1.0e-07 | yes | NO |" in line

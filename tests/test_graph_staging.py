@@ -71,8 +71,11 @@ def test_staged_program_computes_the_same_values(name):
     np.testing.assert_allclose(out.numpy(), model(*inputs).numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_an_input_read_by_one_generated_kernel_is_left_alone():
+def test_an_input_read_by_one_generated_kernel_is_staged_by_default_only():
     _, _, tgt, low = _lowered("bert-base-tiny", CUDA, Options(cuda_graph="always"))
     stage = StageGraphInputs(tgt)
     stage(low)
-    assert stage.staged == {}  # input_ids feeds only the embedding gather
+    assert stage.staged == {"input_ids": 1 * 16 * 8}  # so the embedding gather is captured
+    only_shared = StageGraphInputs(tgt, min_readers=2)
+    only_shared(low)
+    assert only_shared.staged == {}  # input_ids feeds only the embedding gather

@@ -126,15 +126,22 @@ def test_phase_contents_follow_target_and_options():
     ]
     assert _pass_names(phases["schedule"](CUDA, Options())) == schedule
     assert "RewriteCUDAGraph" not in _pass_names(phases["finalize"](llvm, Options()))
-    # capture (with its staging) only where the options ask for graphs
-    assert "RewriteCUDAGraph" not in _pass_names(phases["finalize"](CUDA, Options()))
-    assert _pass_names(phases["finalize"](CUDA, Options(cuda_graph="always")))[:5] == [
+    # capture (with its staging) only on CUDA and where the options ask for graphs
+    assert "RewriteCUDAGraph" not in _pass_names(
+        phases["finalize"](CUDA, Options(cuda_graph="off"))
+    )
+    assert _pass_names(phases["finalize"](CUDA, Options(cuda_graph="always")))[:6] == [
         "DeclareCaptureVars",
         "StageGraphInputs",
         "StageGraphOutputs",
         "StaticPlanBlockMemory",
         "RewriteCUDAGraph",
+        "RouteCUDAGraphRuntime",
     ]
+    # auto (the default): the capture passes run inside the selection
+    auto = phases["finalize"](CUDA, Options())
+    assert _pass_names(auto)[:2] == ["SelectCUDAGraphRegions", "RouteCUDAGraphRuntime"]
+    assert _pass_names(auto[0].capture)[-1] == "RewriteCUDAGraph"
     assert _pass_names(phases["finalize"](llvm, Options()))[0] == "StaticPlanBlockMemory"
 
 
@@ -362,7 +369,7 @@ def test_tvm_baseline_pipeline_on_cuda():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cuda_graph", ["off", "always"])
+@pytest.mark.parametrize("cuda_graph", ["off", "always", "auto"])
 def test_runs_on_gpu(cuda_graph):
     args = _inputs(np.random.default_rng(2))
     compiled = plus_tvm.compile((TwoLayer, {}), "cuda", options=Options(cuda_graph=cuda_graph))

@@ -1,23 +1,27 @@
 """``stats["cuda_graph"]``: what CUDA-graph capture covers in a CUDA build, and why the rest not.
 
-The report is read off the module TVM's ``RewriteCUDAGraph`` produces (phase 6 with
-``cuda_graph=always``: staging, memory planning, rewrite), without generating code, so
+The report is read off the module phase 6's CUDA-graph passes produce (staging, memory planning,
+TVM's ``RewriteCUDAGraph``, with ``auto`` the selection), without generating code, so
 ``plus-tvm inspect MODEL --target cuda`` prints it on a machine without a GPU. A capture region is
-a function that ``main`` hands to ``vm.builtin.cuda_graph.run_or_capture``; its kernels (calls of
-PrimFuncs) and library calls (``call_packed`` of a library kernel) are captured. Every kernel
-``main`` still launches itself gets a reason, from what the rewrite requires of a captured
-kernel (static arguments with static sizes, allocated by the planner):
+a function that ``main`` hands to ``run_or_capture``; its kernels (calls of PrimFuncs) and
+library calls (``call_packed`` of a library kernel) are captured. The staging copies (one per
+staged input or output, PyGraph 4.1) are not model kernels: they are counted in
+``staging_copies`` and ``bytes_staged_per_replay``. Every model kernel ``main`` still launches
+itself gets a reason:
 
-- ``stages a model input`` / ``stages a returned tensor``: a copy the staging passes put outside
-  the graph by design (PyGraph 4.1: one copy, so its readers / writer are captured);
+- ``not worth a graph (estimate)``: ``cuda_graph=auto`` un-captured its region
+  (``SelectCUDAGraphRegions``; ``selection`` lists each region's estimate);
 - ``reads a model input``: function inputs are never static;
 - ``writes the returned tensor``: the output is allocated per call, outside the planner;
 - ``symbolic size``: a size the rewrite was not told to capture per value;
 - ``between host-side builtins``: none of the above, the region was cut by a host call.
 
-``bytes_staged_per_replay`` is what the staging copies move per run (inputs and outputs).
-The plan reported is the one ``cuda_graph=always`` builds; ``enabled`` says whether this build
-uses it (with ``cuda_graph=off`` every kernel runs outside a graph).
+``bytes_staged_per_replay`` is what the staging copies move per run (inputs and outputs);
+``graph_memory_bytes`` the static buffers the regions' graphs hold (planned storage the graphs
+replay into; the memory a capture takes on the GPU is in ``plus_tvm.runtime.cuda_graph.status``).
+Weights are static arguments of the graphs (``num_input``): never copied on replay.
+The plan reported is the one this build's mode makes (``cuda_graph=off`` reports the ``auto``
+plan); ``enabled`` says whether this build uses it.
 """
 
 from __future__ import annotations
@@ -27,10 +31,17 @@ from tvm import relax
 
 from .frontend import num_inputs
 from .options import Options
-from .passes._graph_staging import is_kernel_call, is_library_call, static_shape, tensor_bytes
+from .passes._capture_calls import bindings, capture_call
+from .passes._graph_staging import (
+    STAGE_PREFIX,
+    is_kernel_call,
+    is_library_call,
+    static_shape,
+    tensor_bytes,
+)
 
-RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
-STAGE_PREFIX = "plus_stage_copy_"
+GET_CACHED_ALLOC = "vm.builtin.cuda_graph.get_cached_alloc"
+NOT_WORTH = "not worth a graph (estimate)"
 
 
 def cuda_graph_report(
@@ -45,15 +56,23 @@ def cuda_graph_report(
     target : tvm.target.Target
         A CUDA target.
     options : Options
-        The build's options (``cuda_graph`` gives ``enabled``; the plan analysed is the one
-        ``always`` builds with these options).
+        The build's options (``cuda_graph`` gives the plan and ``enabled``).
     """
+    from .passes import SelectCUDAGraphRegions
     from .pipeline import capture_passes, lower_phase
 
-    passes = lower_phase(target, options) + capture_passes(target, options)
+    planned = options if options.cuda_graph != "off" else options.replace(cuda_graph="auto")
+    capture = capture_passes(target, planned)
     with target:
-        lowered = tvm.transform.Sequential(passes)(mod)
-    return _analyse(lowered, options.cuda_graph)
+        lowered = tvm.transform.Sequential(lower_phase(target, planned) + capture)(mod)
+    report = _analyse(lowered, options.cuda_graph)
+    for p in capture:
+        if isinstance(p, SelectCUDAGraphRegions):
+            report["selection"] = {**p.summary, "regions": p.decisions}
+            if p.summary.get("plain"):
+                for item in report["outside"]:
+                    item["reason"] = NOT_WORTH
+    return report
 
 
 def _analyse(mod: tvm.IRModule, mode: str) -> dict[str, object]:
@@ -64,56 +83,91 @@ def _analyse(mod: tvm.IRModule, mode: str) -> dict[str, object]:
     captured = {"kernels": 0, "library_calls": 0}
     outside: list[dict[str, str]] = []
     total_library = 0
-    staged = 0
-    for binding in _bindings(main):
+    staged = []
+    for binding in bindings(main):
         value = binding.value
-        region = _capture_region(value)
+        capture = capture_call(value)
+        region = capture.region if capture is not None else None
         if region is not None:
             regions.append(region.name_hint)
-            for inner in _bindings(mod[region]):
+            for inner in bindings(mod[region]):
                 if is_kernel_call(inner.value, mod) or is_library_call(inner.value):
                     library = is_library_call(inner.value)
                     captured["library_calls" if library else "kernels"] += 1
                     total_library += int(library)
             continue
+        if _is_relax_call(value, mod):  # a region SelectCUDAGraphRegions un-captured
+            for inner in bindings(mod[value.op]):
+                library = is_library_call(inner.value)
+                if library or is_kernel_call(inner.value, mod):
+                    total_library += int(library)
+                    name = _kernel_name(inner.value)
+                    outside.append({"kernel": name, "reason": NOT_WORTH})
+            continue
         library = is_library_call(value)
         if not (library or is_kernel_call(value, mod)):
             continue
-        total_library += int(library)
-        name = str(value.op.global_symbol) if library else value.op.name_hint
-        reason = _reason(name, value, inputs, returned)
+        name = _kernel_name(value)
         if name.startswith(STAGE_PREFIX):
-            staged += tensor_bytes(value.args[0].ty)
-        outside.append({"kernel": name, "reason": reason})
+            staged.append(tensor_bytes(value.args[0].ty))
+            continue
+        total_library += int(library)
+        outside.append({"kernel": name, "reason": _reason(value, inputs, returned)})
     kernels = captured["kernels"] + captured["library_calls"] + len(outside)
     return {
         "mode": mode,
-        "enabled": mode == "always",
+        "enabled": mode != "off",
         "regions": len(regions),
         "kernels": kernels,
         "kernels_captured": captured["kernels"] + captured["library_calls"],
         "library_calls": total_library,
         "library_calls_captured": captured["library_calls"],
-        "bytes_staged_per_replay": staged,
+        "staging_copies": len(staged),
+        "bytes_staged_per_replay": sum(staged),
+        "graph_memory_bytes": _graph_memory(mod, main),
         "outside": outside,
     }
 
 
-def _bindings(func: relax.Function) -> list[relax.Binding]:
-    return [b for block in func.body.blocks for b in block.bindings]
+def _kernel_name(value: relax.Call) -> str:
+    return str(value.op.global_symbol) if is_library_call(value) else value.op.name_hint
 
 
-def _capture_region(value: relax.Expr) -> tvm.ir.GlobalVar | None:
-    """The capture function of ``R.call_builtin_with_ctx(run_or_capture, (func, args, i))``."""
-    if not (isinstance(value, relax.Call) and len(value.args) >= 2):
-        return None
-    builtin, packed = value.args[0], value.args[1]
-    if not isinstance(builtin, relax.ExternFunc) or str(builtin.global_symbol) != RUN_OR_CAPTURE:
-        return None
-    if not isinstance(packed, relax.Tuple) or not packed.fields:
-        return None
-    first = packed.fields[0]
-    return first if isinstance(first, tvm.ir.GlobalVar) else None
+def _is_relax_call(value: relax.Expr, mod: tvm.IRModule) -> bool:
+    return (
+        isinstance(value, relax.Call)
+        and isinstance(value.op, tvm.ir.GlobalVar)
+        and value.op in mod
+        and isinstance(mod[value.op], relax.Function)
+    )
+
+
+def _graph_memory(mod: tvm.IRModule, main: relax.Function) -> int:
+    """Bytes of the static storage the capture regions' allocation functions hold."""
+    total = 0
+    for binding in bindings(main):
+        value = binding.value
+        if not (isinstance(value, relax.Call) and len(value.args) >= 2):
+            continue
+        builtin, packed = value.args[0], value.args[1]
+        if not (
+            isinstance(builtin, relax.ExternFunc) and str(builtin.global_symbol) == GET_CACHED_ALLOC
+        ):
+            continue
+        alloc = packed.fields[0] if isinstance(packed, relax.Tuple) and packed.fields else None
+        if not isinstance(alloc, tvm.ir.GlobalVar):
+            continue
+        for inner in bindings(mod[alloc]):
+            call = inner.value
+            if (
+                isinstance(call, relax.Call)
+                and isinstance(call.op, tvm.ir.Op)
+                and call.op.name == "relax.memory.alloc_storage"
+                and isinstance(call.args[0], relax.ShapeExpr)
+            ):
+                size = call.args[0].values[0]
+                total += int(size) if isinstance(size, tvm.tirx.IntImm) else 0
+    return total
 
 
 def _returned_vars(expr: relax.Expr) -> set[relax.Var]:
@@ -125,16 +179,14 @@ def _returned_vars(expr: relax.Expr) -> set[relax.Var]:
 def _aliases(func: relax.Function, names: set[relax.Var]) -> set[relax.Var]:
     """``names`` and every variable bound to one of them (``lv = alloc``), transitively."""
     out = set(names)
-    for binding in reversed(_bindings(func)):
+    for binding in reversed(bindings(func)):
         if binding.var in out and isinstance(binding.value, relax.Var):
             out.add(binding.value)
     return out
 
 
-def _reason(name: str, call: relax.Call, inputs: set, returned: set) -> str:
+def _reason(call: relax.Call, inputs: set, returned: set) -> str:
     args = list(call.args)
-    if name.startswith(STAGE_PREFIX):
-        return "stages a model input" if args[0] in inputs else "stages a returned tensor"
     if any(a in inputs for a in args):
         return "reads a model input"
     if args and args[-1] in returned:

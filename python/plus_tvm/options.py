@@ -25,10 +25,7 @@ CONV_LAYOUT_CHOICES = ("auto", "nchw", "nhwc")
 
 # Values the public contract reserves for parts that later work delivers. Rejecting them keeps a
 # user from believing that, e.g., DP fusion ran when it did not.
-_NOT_YET_AVAILABLE: dict[tuple[str, object], str] = {
-    ("cuda_graph", "auto"): "cost-benefit CUDA graph selection is not in this build yet; "
-    "use cuda_graph=off or cuda_graph=always",
-}
+_NOT_YET_AVAILABLE: dict[tuple[str, object], str] = {}
 
 
 @dataclass(frozen=True)
@@ -87,7 +84,14 @@ class Options:
         1.6 ms NHWC against 9.8 ms through ATen in NCHW), NCHW on GPU targets (cuDNN, measured
         on an H100 in NCHW).
     cuda_graph : {"auto", "off", "always"}
-        Phase 6 on CUDA targets: capture static kernel runs into CUDA graphs.
+        Phase 6 on CUDA targets (ignored elsewhere): capture static kernel runs into CUDA
+        graphs (model inputs and outputs staged so every kernel can be). ``"auto"``
+        (default): keep a region only where the compile-time estimate says its replay saves
+        more than it costs (``SelectCUDAGraphRegions``), then on the GPU measure each kept
+        region with and without its graph on first call and keep the faster, cached per GPU,
+        module and options (``plus_tvm.runtime.cuda_graph``); ``"always"``: replay every
+        region; ``"off"``: no graphs. A capture that fails at run time falls back to running
+        the region without a graph, with one warning.
     cuda_graph_max_sizes : int
         Phase 6: a symbolic size whose bounds (``tir_var_upper_bound``, and
         ``tir_var_lower_bound`` or 1) allow at most this many values is captured per value (one
@@ -119,7 +123,7 @@ class Options:
     gir: str = "auto"
     gir_search_budget: int = 0
     conv_layout: str = "auto"
-    cuda_graph: str = "off"
+    cuda_graph: str = "auto"
     cuda_graph_max_sizes: int = 32
     fold_constants: bool = True
     propagate_nan: bool = True

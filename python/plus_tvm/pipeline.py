@@ -25,10 +25,13 @@ Phase contents today (later work replaces phases one by one, and says so here):
                ``PropagateNaN`` (``propagate_nan``: float max / min return NaN for a NaN
                operand, as torch)
 5. lower     - dataflow lowering (``RewriteDataflowReshape`` ... ``CallTIRRewrite``)
-6. finalize  - with CUDA graphs on: ``StageGraphInputs`` / ``StageGraphOutputs`` (inputs read by
-               library kernels or several kernels, outputs written by library kernels, get
-               planned buffers and one copy, so their neighbours are captured); memory
-               planning, ``RewriteCUDAGraph`` on CUDA when enabled, VM lowering
+6. finalize  - on CUDA with ``cuda_graph`` auto (default) or always: ``DeclareCaptureVars``,
+               ``StageGraphInputs`` / ``StageGraphOutputs`` (model inputs and returned
+               tensors get planned buffers and one copy, so every kernel can be captured),
+               memory planning, ``RewriteCUDAGraph``; with auto all of it inside
+               ``SelectCUDAGraphRegions`` (a region kept only where its estimated saving
+               pays); ``RouteCUDAGraphRuntime`` (replay with fallback, measured decision
+               with auto); otherwise memory planning; then VM lowering
 """
 
 from __future__ import annotations
@@ -198,7 +201,7 @@ def lower_phase(target: tvm.target.Target, options: Options) -> list[tvm.transfo
 
 def finalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     """Phase 6: memory planning, CUDA graph capture (CUDA), lowering to VM builtins."""
-    graphs = target.kind.name == "cuda" and options.cuda_graph == "always"
+    graphs = target.kind.name == "cuda" and options.cuda_graph != "off"
     plan = [relax.transform.StaticPlanBlockMemory()]
     passes = capture_passes(target, options) if graphs else plan
     passes += [
@@ -214,17 +217,30 @@ def finalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
 
 def capture_passes(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     """Phase 6's CUDA-graph part: bounded symbolic sizes declared for capture per value,
-    readers of inputs and library writers of outputs staged into the graph (PyGraph 4.1),
-    memory planning, then TVM's capture rewrite (also what ``stats["cuda_graph"]`` analyses)."""
-    from .passes import DeclareCaptureVars, RewriteCUDAGraph, StageGraphInputs, StageGraphOutputs
+    model inputs and returned tensors staged so every kernel can be captured (PyGraph 4.1),
+    memory planning and TVM's capture rewrite; with ``cuda_graph=auto`` inside
+    ``SelectCUDAGraphRegions`` (regions kept where the estimate says they pay, PyGraph 4.3);
+    last, capture calls routed through plus_tvm's runtime (fallback, measured decision)."""
+    from .passes import (
+        DeclareCaptureVars,
+        RewriteCUDAGraph,
+        RouteCUDAGraphRuntime,
+        SelectCUDAGraphRegions,
+        StageGraphInputs,
+        StageGraphOutputs,
+    )
 
-    return [
+    capture = [
         DeclareCaptureVars(max_sizes=options.cuda_graph_max_sizes),
         StageGraphInputs(target),
         StageGraphOutputs(target),
         relax.transform.StaticPlanBlockMemory(),
         RewriteCUDAGraph(enabled=True),
     ]
+    auto = options.cuda_graph == "auto"
+    if auto:
+        capture = [SelectCUDAGraphRegions(capture, [relax.transform.StaticPlanBlockMemory()])]
+    return capture + [RouteCUDAGraphRuntime(measure=auto, options_digest=options.digest())]
 
 
 PHASES: tuple[tuple[str, PhaseFn], ...] = (

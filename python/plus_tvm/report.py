@@ -28,10 +28,12 @@ def stats_text(stats: dict) -> str:
     if graph and "error" not in graph:
         why = Counter(o["reason"] for o in graph["outside"])
         outside = ", ".join(f"{n} {reason}" for reason, n in why.most_common()) or "none"
+        mode = graph["mode"] if graph["enabled"] else "off in this build"
         lines.append(
             f"{'cuda_graph':<{width}}  {graph['kernels_captured']}/{graph['kernels']} kernels in "
-            f"{graph['regions']} region(s) ({'on' if graph['enabled'] else 'off in this build'});"
-            f" outside: {outside}"
+            f"{graph['regions']} region(s) ({mode});"
+            f" outside: {outside}; {graph.get('staging_copies', 0)} staging copies, "
+            f"{graph.get('bytes_staged_per_replay', 0)} bytes per replay"
         )
     elif graph:
         lines.append(f"{'cuda_graph':<{width}}  {graph['error']}")

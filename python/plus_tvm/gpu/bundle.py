@@ -2,8 +2,8 @@
 
 The GPU machine this project is lent at times has torch (CUDA) but no apache-tvm, and a call to
 it carries at most 64 MiB. :func:`build_bundle` (on the CPU machine) compiles zoo models for
-``cuda`` (sm_90 by default) in several variants (plus with ``cuda_graph=off`` / ``always``, TVM's
-default CUDA pipeline) and writes one folder:
+``cuda`` (sm_90 by default) in several variants (plus with ``cuda_graph=off`` / ``always`` /
+``auto``, TVM's default CUDA pipeline) and writes one folder:
 
 - ``manifest.json``: the bundle's models, variants, compile figures and versions;
 - ``models/NAME/VARIANT.so`` (+ ``.json``, ``.params``): each exported with
@@ -57,10 +57,11 @@ class Variant:
 VARIANTS = {
     "plus-off": Variant("plus-off", "plus", Options(cuda_graph="off")),
     "plus-always": Variant("plus-always", "plus", Options(cuda_graph="always")),
+    "plus-auto": Variant("plus-auto", "plus", Options(cuda_graph="auto")),
     "plus-gir": Variant("plus-gir", "plus", Options(gir="on", cuda_graph="always")),
     "tvm": Variant("tvm", "tvm", None),
 }
-DEFAULT_VARIANTS = ("plus-off", "plus-always", "tvm")
+DEFAULT_VARIANTS = ("plus-off", "plus-always", "plus-auto", "tvm")
 
 
 def fingerprint(state: dict) -> dict[str, list[float]]:

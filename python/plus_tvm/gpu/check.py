@@ -75,6 +75,7 @@ def _check_model(name: str, record: dict, bundle: str, args: argparse.Namespace)
     import plus_tvm
     from plus_tvm import zoo
     from plus_tvm.gpu.bundle import fingerprint
+    from plus_tvm.runtime import cuda_graph
 
     folder = os.path.join(bundle, "models", name)
     model = zoo.get(name).build(record["seed"])
@@ -104,6 +105,7 @@ def _check_model(name: str, record: dict, bundle: str, args: argparse.Namespace)
     for vname, variant in record["variants"].items():
         row: dict = {}
         result["variants"][vname] = row
+        cuda_graph.runtime().clear()
         try:
             start = time.perf_counter()
             compiled = plus_tvm.load(os.path.join(bundle, variant["library"]), weights=model)
@@ -137,6 +139,7 @@ def _check_model(name: str, record: dict, bundle: str, args: argparse.Namespace)
             )
             torch.cuda.synchronize()
             row["device_mb"] = round((free_before - torch.cuda.mem_get_info()[0]) / 2**20, 1)
+            row["graph_regions"] = cuda_graph.status()  # decisions, times, capture memory
             del compiled, prepared
         except Exception as err:  # noqa: BLE001 - a failing variant is reported, the rest go on
             row["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}"
@@ -184,23 +187,24 @@ def table(results: dict) -> str:
     """The markdown table of a gpu_check result: medians (ms), ratios, plus's error, and whether
     plus and TVM's own pipeline were correct (TVM's baseline is reported, never fixed up)."""
     rows = [
-        "| model | plus off | plus always | TVM | torch | compile | compile ro "
-        "| always vs off | always vs torch | always vs compile ro | plus max rel err "
+        "| model | plus off | plus always | plus auto | TVM | torch | compile | compile ro "
+        "| auto vs off | always vs off | auto vs torch | auto vs compile ro | plus max rel err "
         "| plus correct | TVM correct |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for name, res in results["models"].items():
         v, p = res.get("variants", {}), res.get("peers", {})
         if not v:
-            rows.append(f"| {name} | {res.get('error', 'no result')} |" + " |" * 11)
+            rows.append(f"| {name} | {res.get('error', 'no result')} |" + " |" * 13)
             continue
         ms = {k: (row or {}).get("median_ms") for k, row in {**v, **p}.items()}
-        alw = ms.get("plus-always")
+        alw, auto = ms.get("plus-always"), ms.get("plus-auto")
         plus = {k: r for k, r in v.items() if k.startswith("plus")}
         errs = [r["max_rel_err"] for r in plus.values() if r.get("max_rel_err") is not None]
-        cells = [_num(ms.get(k)) for k in ("plus-off", "plus-always", "tvm", "eager")]
-        cells += [_num(ms.get(k)) for k in ("compile", "compile-ro")]
-        cells += [_ratio(alw, ms.get(k)) for k in ("plus-off", "eager", "compile-ro")]
+        keys = ("plus-off", "plus-always", "plus-auto", "tvm", "eager", "compile", "compile-ro")
+        cells = [_num(ms.get(k)) for k in keys]
+        cells += [_ratio(auto, ms.get("plus-off")), _ratio(alw, ms.get("plus-off"))]
+        cells += [_ratio(auto, ms.get(k)) for k in ("eager", "compile-ro")]
         cells.append(f"{max(errs):.1e}" if errs else "-")
         cells.append(_yes(all(r.get("correct") for r in plus.values())))
         cells.append(_yes(v["tvm"].get("correct")) if "tvm" in v else "-")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import tvm_ffi
 
 from ..threads import physical_cores
-from . import native
+from . import cuda_graph, native
 from ._common import ConfigSpec, LibraryKernel, PrepackCache, to_torch
 from .attention import Attention
 from .conv2d import Conv2d
@@ -60,6 +60,7 @@ def register() -> None:
     a kernel with a native fast path in use keeps it)."""
     for name, kernel in KERNELS.items():
         tvm_ffi.register_global_func(name, native.installed(name) or kernel, override=True)
+    cuda_graph.register()
 
 
 def use_native() -> bool:

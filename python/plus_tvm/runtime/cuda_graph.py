@@ -1,0 +1,278 @@
+"""``plus.cuda_graph.run_or_capture``: TVM's CUDA-graph replay with a fallback and, under
+``cuda_graph=auto``, a measured per-region decision (PyGraph sections 4.3 and robustness).
+
+``RouteCUDAGraphRuntime`` (phase 6) points every capture region of a module at this function
+instead of TVM's ``vm.builtin.cuda_graph.run_or_capture``, with three more arguments: the
+region's name, the module key (structural hash and options digest) and whether to measure.
+The VM then calls::
+
+    plus.cuda_graph.run_or_capture(vm, capture_func, args, index, name, key, measure, [shape])
+
+On the first call of a region (per VM, index and captured shape):
+
+- ``measure`` off (``cuda_graph=always``): TVM's builtin captures the region and replays it
+  from then on;
+- ``measure`` on (``cuda_graph=auto``): the region runs ``runs`` times without a graph and
+  ``runs`` times as a replayed graph, each timed to a device sync; the faster way is kept and
+  written to a decision cache keyed by the GPU's name, the module key, the region and the
+  shape, so a later process on the same GPU skips the measurement.
+
+A capture that fails (a library call that allocates or synchronizes while the stream captures,
+out of memory) is caught: the region runs without a graph from then on, with one warning that
+names it, and the call that failed recomputes its result without a graph, so no result is
+stale. :func:`status` gives per region the decision, the times measured and the device memory
+its capture took. The function only needs TVM's runtime library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import tvm_ffi
+
+RUN_OR_CAPTURE = "plus.cuda_graph.run_or_capture"
+TVM_RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
+INVOKE_CLOSURE = "vm.builtin.invoke_closure"
+CACHE_ENV = "PLUS_TVM_CACHE_DIR"
+CACHE_FILE = "cuda_graph_decisions.json"
+
+GRAPH = "graph"
+EAGER = "eager"
+FAILED = "failed"
+
+
+class CaptureWarning(RuntimeWarning):
+    """A capture region could not be captured and runs without a CUDA graph."""
+
+
+@dataclass
+class RegionState:
+    """What the runtime knows of one region (per VM, region index and captured shape)."""
+
+    name: str
+    decision: str = ""
+    eager_us: float | None = None
+    graph_us: float | None = None
+    graph_bytes: int | None = None
+    error: str = ""
+    calls: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if v not in ("", None)}
+
+
+def default_cache_path() -> str:
+    """``$PLUS_TVM_CACHE_DIR/cuda_graph_decisions.json`` (default ``~/.cache/plus_tvm``)."""
+    folder = os.environ.get(CACHE_ENV) or os.path.join(
+        os.path.expanduser("~"), ".cache", "plus_tvm"
+    )
+    return os.path.join(folder, CACHE_FILE)
+
+
+class DecisionCache:
+    """Measured decisions on disk, one JSON object; a damaged file counts as empty."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path or default_cache_path()
+
+    def get(self, key: str) -> str | None:
+        value = self._read().get(key)
+        return value if value in (GRAPH, EAGER) else None
+
+    def put(self, key: str, decision: str) -> None:
+        data = self._read()
+        data[key] = decision
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+    def _read(self) -> dict[str, str]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+
+@dataclass
+class Device:
+    """The GPU side the runtime needs: its name, a sync, and its free memory (None: unknown).
+    Defaults read CUDA device 0 through TVM's runtime."""
+
+    name: Callable[[], str] = field(default=lambda: _cuda().device_name or "cuda")
+    sync: Callable[[], None] = field(default=lambda: _cuda().sync())
+    free_bytes: Callable[[], int | None] = field(default=lambda: _cuda().available_global_memory)
+
+
+def _cuda():
+    import tvm.runtime
+
+    return tvm.runtime.cuda(0)
+
+
+class GraphRuntime:
+    """The body of ``plus.cuda_graph.run_or_capture`` (module docstring).
+
+    Parameters
+    ----------
+    capture : callable, optional
+        TVM's ``vm.builtin.cuda_graph.run_or_capture`` (looked up on first use).
+    invoke : callable, optional
+        TVM's ``vm.builtin.invoke_closure``: runs the region without a graph.
+    device : Device, optional
+        Name, sync and free memory of the GPU.
+    cache : DecisionCache, optional
+        Where measured decisions persist (default :func:`default_cache_path`).
+    runs : int
+        Timed runs per variant when measuring.
+    clock : callable
+        Seconds, monotonic.
+    """
+
+    def __init__(
+        self,
+        capture: Callable | None = None,
+        invoke: Callable | None = None,
+        device: Device | None = None,
+        cache: DecisionCache | None = None,
+        runs: int = 5,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._capture = capture
+        self._invoke = invoke
+        self.device = device or Device()
+        self.cache = cache or DecisionCache()
+        self.runs = runs
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._regions: dict[tuple, RegionState] = {}
+
+    # ------------------------------------------------------------------ the VM's entry point
+    def __call__(self, vm, func, args, index, name, key, measure, *shape):
+        state_key = (_address(vm), int(index), tuple(int(s) for s in shape[0]) if shape else ())
+        with self._lock:
+            state = self._regions.get(state_key)
+            if state is None:
+                state = self._regions[state_key] = RegionState(name=str(name))
+            state.calls += 1
+            decision = state.decision
+        if decision == GRAPH:
+            return self._tvm_capture()(vm, func, args, index, *shape)
+        if decision in (EAGER, FAILED):
+            return self._run_eager(vm, func, args)
+        with self._lock:  # first call: one thread decides, the others wait for it
+            if not state.decision:
+                return self._first_call(
+                    state, vm, func, args, index, str(key), bool(measure), shape
+                )
+        return self(vm, func, args, index, name, key, measure, *shape)
+
+    def status(self) -> list[dict[str, object]]:
+        """Per region seen: name, decision, calls, times measured (us), graph memory (bytes)."""
+        with self._lock:
+            return [s.as_dict() for s in self._regions.values()]
+
+    def clear(self) -> None:
+        """Forget every region's state (a VM still running re-decides on its next call)."""
+        with self._lock:
+            self._regions.clear()
+
+    # ------------------------------------------------------------------ internals
+    def _first_call(self, state, vm, func, args, index, key, measure, shape):
+        cache_key = "|".join((self._device_name(), key, state.name, ",".join(map(str, shape))))
+        known = self.cache.get(cache_key) if measure else None
+        if known == EAGER:
+            state.decision = EAGER
+            return self._run_eager(vm, func, args)
+        if measure and known is None:
+            state.eager_us = self._time(lambda: self._run_eager(vm, func, args))
+        before = self.device.free_bytes()
+        try:
+            result = self._tvm_capture()(vm, func, args, index, *shape)
+        except (RuntimeError, MemoryError) as err:
+            state.decision, state.error = FAILED, str(err).strip().splitlines()[-1][:300]
+            warnings.warn(
+                f"CUDA graph capture of region {state.name!r} failed ({state.error}); "
+                "it runs without a graph from now on",
+                CaptureWarning,
+                stacklevel=2,
+            )
+            return self._run_eager(vm, func, args)
+        after = self.device.free_bytes()
+        if before is not None and after is not None:
+            state.graph_bytes = max(0, int(before) - int(after))
+        state.decision = GRAPH
+        if measure and known is None:
+            state.graph_us = self._time(lambda: self._tvm_capture()(vm, func, args, index, *shape))
+            if state.graph_us >= state.eager_us:
+                state.decision = EAGER
+            self.cache.put(cache_key, state.decision)
+            if state.decision == EAGER:
+                return self._run_eager(vm, func, args)
+        return result
+
+    def _run_eager(self, vm, func, args):
+        return self._tvm_invoke()(vm, func, *args)
+
+    def _time(self, fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(self.runs):
+            self.device.sync()
+            start = self.clock()
+            fn()
+            self.device.sync()
+            times.append(self.clock() - start)
+        return statistics.median(times) * 1e6
+
+    def _device_name(self) -> str:
+        try:
+            return str(self.device.name())
+        except (RuntimeError, AttributeError):
+            return "cuda"
+
+    def _tvm_capture(self) -> Callable:
+        if self._capture is None:
+            self._capture = tvm_ffi.get_global_func(TVM_RUN_OR_CAPTURE)
+        return self._capture
+
+    def _tvm_invoke(self) -> Callable:
+        if self._invoke is None:
+            self._invoke = tvm_ffi.get_global_func(INVOKE_CLOSURE)
+        return self._invoke
+
+
+def _address(vm: object) -> int:
+    """A stable number for the VM context pointer the VM passes first."""
+    value = getattr(vm, "value", vm)
+    try:
+        return int(value or 0)
+    except TypeError:
+        return id(vm)
+
+
+_RUNTIME = GraphRuntime()
+
+
+def runtime() -> GraphRuntime:
+    """The runtime behind the registered ``plus.cuda_graph.run_or_capture``."""
+    return _RUNTIME
+
+
+def status() -> list[dict[str, object]]:
+    """Per capture region this process ran: decision, calls, measured times, graph memory."""
+    return _RUNTIME.status()
+
+
+def register() -> None:
+    """Register ``plus.cuda_graph.run_or_capture`` (idempotent)."""
+    tvm_ffi.register_global_func(RUN_OR_CAPTURE, _RUNTIME, override=True)
