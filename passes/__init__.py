@@ -13,6 +13,7 @@ from .merge_sibling_linears import MergeSiblingLinears
 from .plus_dispatch import PlusDispatch
 from .propagate_nan import PropagateNaN
 from .rewrite_cuda_graph import RewriteCUDAGraph
+from .rewrite_view_builtins import RewriteViewBuiltins
 from .route_cuda_graph_runtime import RouteCUDAGraphRuntime
 from .select_cuda_graph_regions import SelectCUDAGraphRegions
 from .simplify_views import SimplifyViews
@@ -34,6 +35,7 @@ __all__ = [
     "PlusDispatch",
     "PropagateNaN",
     "RewriteCUDAGraph",
+    "RewriteViewBuiltins",
     "RouteCUDAGraphRuntime",
     "SelectCUDAGraphRegions",
     "SimplifyViews",

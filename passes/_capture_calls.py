@@ -58,35 +58,11 @@ def bindings(func: relax.Function) -> list[relax.Binding]:
 
 def rewrite_capture_calls(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
     """``rewrite(call, capture)`` (a new value, or None to keep it) on every capture call of every
-    Relax function; ``mod`` itself when nothing changed (else normalized), never mutated."""
-    from ._dataflow_rewrite import map_functions
+    Relax function; ``mod`` itself when nothing changed, never mutated."""
+    from ._dataflow_rewrite import map_bindings
 
-    def per_function(func: relax.Function) -> relax.Function:
-        blocks, changed = [], False
-        for block in func.body.blocks:
-            rebuilt = []
-            for b in block.bindings:
-                capture = capture_call(b.value) if isinstance(b, relax.VarBinding) else None
-                new = rewrite(b.value, capture) if capture is not None else None
-                changed |= new is not None
-                rebuilt.append(relax.VarBinding(b.var, new) if new is not None else b)
-            kind = (
-                relax.DataflowBlock
-                if isinstance(block, relax.DataflowBlock)
-                else relax.BindingBlock
-            )
-            blocks.append(kind(rebuilt))
-        if not changed:
-            return func
-        body = relax.SeqExpr(blocks, func.body.body)
-        return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+    def one(value: relax.Expr) -> relax.Expr | None:
+        capture = capture_call(value)
+        return rewrite(value, capture) if capture is not None else None
 
-    def normalize(out: tvm.IRModule) -> tvm.IRModule:  # types the new calls
-        bb = relax.BlockBuilder(out)
-        functions = {
-            g: bb.normalize(f) if isinstance(f, relax.Function) else f
-            for g, f in out.functions_items()
-        }
-        return tvm.IRModule(functions, attrs=out.attrs, global_infos=out.global_infos)
-
-    return map_functions(mod, per_function, normalize)
+    return map_bindings(mod, one)

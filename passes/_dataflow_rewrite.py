@@ -83,3 +83,37 @@ def _rewrite_function(func: relax.Function, rewrite: BindingRewrite) -> relax.Fu
         return func
     body = relax.SeqExpr(blocks, func.body.body)
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+
+
+def map_bindings(
+    mod: tvm.IRModule, rewrite: Callable[[relax.Expr], relax.Expr | None]
+) -> tvm.IRModule:
+    """``rewrite`` (a binding's value -> its new value, or None to keep it) on every variable
+    binding of every block, dataflow or not, of every Relax function. The new calls are typed
+    by a ``BlockBuilder`` (no nested pass runs on a module the caller still holds); ``mod``
+    itself when nothing changed, never mutated."""
+
+    def per_function(func: relax.Function) -> relax.Function:
+        blocks, changed = [], False
+        for block in func.body.blocks:
+            rebuilt = []
+            for b in block.bindings:
+                new = rewrite(b.value) if isinstance(b, relax.VarBinding) else None
+                changed |= new is not None
+                rebuilt.append(relax.VarBinding(b.var, new) if new is not None else b)
+            dataflow = isinstance(block, relax.DataflowBlock)
+            blocks.append(relax.DataflowBlock(rebuilt) if dataflow else relax.BindingBlock(rebuilt))
+        if not changed:
+            return func
+        body = relax.SeqExpr(blocks, func.body.body)
+        return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+
+    def typed(out: tvm.IRModule) -> tvm.IRModule:
+        bb = relax.BlockBuilder(out)
+        functions = {
+            g: bb.normalize(f) if isinstance(f, relax.Function) else f
+            for g, f in out.functions_items()
+        }
+        return tvm.IRModule(functions, attrs=out.attrs, global_infos=out.global_infos)
+
+    return map_functions(mod, per_function, typed)

@@ -130,10 +130,11 @@ def test_phase_contents_follow_target_and_options():
     assert "RewriteCUDAGraph" not in _pass_names(
         phases["finalize"](CUDA, Options(cuda_graph="off"))
     )
-    assert _pass_names(phases["finalize"](CUDA, Options(cuda_graph="always")))[:6] == [
+    assert _pass_names(phases["finalize"](CUDA, Options(cuda_graph="always")))[:7] == [
         "DeclareCaptureVars",
         "StageGraphInputs",
         "StageGraphOutputs",
+        "RewriteViewBuiltins",
         "StaticPlanBlockMemory",
         "RewriteCUDAGraph",
         "RouteCUDAGraphRuntime",

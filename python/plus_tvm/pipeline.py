@@ -28,7 +28,8 @@ Phase contents today (later work replaces phases one by one, and says so here):
 6. finalize  - on CUDA with ``cuda_graph`` auto (default) or always: ``DeclareCaptureVars``,
                ``StageGraphInputs`` / ``StageGraphOutputs`` (model inputs and returned
                tensors get planned buffers and one copy, so every kernel can be captured),
-               memory planning, ``RewriteCUDAGraph``; with auto all of it inside
+               ``RewriteViewBuiltins`` (static reshape host calls as views), memory
+               planning, ``RewriteCUDAGraph``; with auto all of it inside
                ``SelectCUDAGraphRegions`` (a region kept only where its estimated saving
                pays); ``RouteCUDAGraphRuntime`` (replay with fallback, measured decision
                with auto); otherwise memory planning; then VM lowering
@@ -217,13 +218,15 @@ def finalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
 
 def capture_passes(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     """Phase 6's CUDA-graph part: bounded symbolic sizes declared for capture per value,
-    model inputs and returned tensors staged so every kernel can be captured (PyGraph 4.1),
+    model inputs and returned tensors staged so every kernel can be captured and static
+    ``vm.builtin.reshape`` host calls made views the rewrite sees through (PyGraph 4.1),
     memory planning and TVM's capture rewrite; with ``cuda_graph=auto`` inside
     ``SelectCUDAGraphRegions`` (regions kept where the estimate says they pay, PyGraph 4.3);
     last, capture calls routed through plus_tvm's runtime (fallback, measured decision)."""
     from .passes import (
         DeclareCaptureVars,
         RewriteCUDAGraph,
+        RewriteViewBuiltins,
         RouteCUDAGraphRuntime,
         SelectCUDAGraphRegions,
         StageGraphInputs,
@@ -234,6 +237,7 @@ def capture_passes(target: tvm.target.Target, options: Options) -> list[tvm.tran
         DeclareCaptureVars(max_sizes=options.cuda_graph_max_sizes),
         StageGraphInputs(target),
         StageGraphOutputs(target),
+        RewriteViewBuiltins(),
         relax.transform.StaticPlanBlockMemory(),
         RewriteCUDAGraph(enabled=True),
     ]
