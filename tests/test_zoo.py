@@ -325,3 +325,38 @@ def test_llama_tiny_dynamic_batch_with_fixes():
     batch = {"input_ids": {0: torch.export.Dim("batch", min=1, max=16)}}
     out = _compile_run(model, (ids2,), fixes, dynamic_shapes=batch, run_inputs=(ids3,))
     np.testing.assert_allclose(out, _forward(model, (ids3,)).numpy(), rtol=0, atol=ATOL)
+
+
+class _IntegerTrueDivision(torch.nn.Module):
+    """DeBERTa-v2's relative-position buckets: ``log`` of an int64 tensor, integer ``/``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = (x.abs() * 10).long() + 1
+        return torch.log(n) + n / 3 + torch.sqrt(n) + torch.rsqrt(n) * torch.exp(-n)
+
+
+class _CatWithEmptyCache(torch.nn.Module):
+    """transformers' KV cache starts as ``torch.tensor([])``; torch skips it in ``cat``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        empty = torch.zeros(0, dtype=x.dtype)
+        return torch.cat([empty, x, empty], dim=-2) * 2
+
+
+def test_fix_integer_operands_of_float_ops_are_promoted():
+    fixes = _fixes()
+    x = torch.randn(2, 8)
+    with pytest.raises(Exception, match="log"):  # TVM 0.27 keeps int64 for log
+        _compile_run(_IntegerTrueDivision(), (x,), None)
+    out = _compile_run(_IntegerTrueDivision(), (x,), fixes)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, _IntegerTrueDivision()(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_fix_cat_skips_empty_one_dimensional_operands():
+    fixes = _fixes()
+    x = torch.randn(1, 2, 5, 4)
+    with pytest.raises(Exception, match="same ndim"):
+        _compile_run(_CatWithEmptyCache(), (x,), None)
+    out = _compile_run(_CatWithEmptyCache(), (x,), fixes)
+    np.testing.assert_array_equal(out, _CatWithEmptyCache()(x).numpy())

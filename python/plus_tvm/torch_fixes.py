@@ -14,6 +14,12 @@ torch promotes, so GPT-2 and LLaMA (among others) fail to compile or compile to 
 - ``slice`` along a negative dim (``x[..., :-1]``) becomes a ``strided_slice`` with a negative
   axis, which legalization rejects once a shape is symbolic (``Check failed: axis <
   src_tensor_dim (-1 vs. 2)``): GPT-2 and LLaMA with a dynamic batch dimension.
+- true division and floating-point math of integer tensors (``a / b``, ``log(n)``) keep the
+  integer dtype, where torch computes in floating point: DeBERTa-v2's relative positions
+  (``log`` of an int64 tensor) fail to import, an integer ``/`` silently truncates.
+- ``cat`` of an empty 1-D tensor with tensors of higher rank (torch skips it: transformers'
+  KV cache starts as ``torch.tensor([])``) fails "Concat expects all input tensors to have
+  same ndim": Mistral, Falcon, BLOOM, every model with a cache and ``use_cache`` on.
 
 :func:`custom_convert_map` returns converters for those ops, in the format of the importer's
 ``custom_convert_map`` argument: ``fn(node: torch.fx.Node, importer) -> relax.Expr``, keyed by
@@ -151,6 +157,92 @@ _COMPARISONS = {
 }
 
 
+# ATen ops whose result is floating point whatever the operands: torch promotes integer and
+# bool operands (to the default float dtype); TVM 0.27's converters keep the integer dtype.
+FLOAT_RESULT_OPS = (
+    "div.Tensor",
+    "div.Scalar",
+    "log.default",
+    "log2.default",
+    "log10.default",
+    "log1p.default",
+    "exp.default",
+    "expm1.default",
+    "sqrt.default",
+    "rsqrt.default",
+    "sin.default",
+    "cos.default",
+    "tan.default",
+    "tanh.default",
+    "sigmoid.default",
+    "erf.default",
+    "reciprocal.default",
+)
+
+
+def _original(importer: Any, key: str) -> Callable[[Any], relax.Expr]:
+    """TVM 0.27's own converter for ``key`` (the importer's map has ours in its place)."""
+    return type(importer).create_convert_map(importer)[key]
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat"))
+
+
+def promote_to_result_dtype(key: str) -> Converter:
+    """``key``'s converter with integer / bool tensor operands cast to the node's floating
+    result dtype first (torch's type promotion for true division and float math).
+
+    The cast operands reach TVM's converter through placeholder nodes of a scratch fx graph
+    bound in the importer's environment; the graph being imported is never modified.
+    """
+
+    def convert(node: Any, importer: Any) -> relax.Expr:
+        import torch
+
+        val = node.meta.get("val")
+        out = importer._convert_data_type(val.dtype) if val is not None else None
+        if out is not None and _is_float(out):
+            scratch = torch.fx.Graph()
+            args, changed = [], False
+            for arg in node.args:
+                dtype = (
+                    _tensor_dtype(importer.env.get(arg)) if isinstance(arg, torch.fx.Node) else None
+                )
+                if dtype is not None and not _is_float(dtype):
+                    cast = importer.block_builder.emit(relax.op.astype(importer.env[arg], out))
+                    arg = scratch.placeholder(f"{arg.name}_as_{out}")
+                    importer.env[arg] = cast
+                    changed = True
+                args.append(arg)
+            if changed:
+                node = _NodeWithArgs(node, tuple(args))
+        return _original(importer, key)(node)
+
+    return convert
+
+
+def cat_skip_empty(node: Any, importer: Any) -> relax.Expr:
+    """``aten.cat`` without the empty 1-D operands torch skips (legacy rule: a tensor of shape
+    ``(0,)`` concatenates with anything); TVM 0.27 rejects the rank mismatch."""
+    tensors = node.args[0]
+    rank = max((_rank(t) for t in tensors), default=-1)
+    kept = [t for t in tensors if not (rank > 1 and _shape(t) == (0,))]
+    if len(kept) != len(tensors) and kept:
+        node = _NodeWithArgs(node, (kept, *node.args[1:]))
+    return importer._cat(node)
+
+
+def _shape(node: Any) -> tuple | None:
+    val = node.meta.get("val") if hasattr(node, "meta") else None
+    return tuple(val.shape) if val is not None and hasattr(val, "shape") else None
+
+
+def _rank(node: Any) -> int:
+    shape = _shape(node)
+    return len(shape) if shape is not None else -1
+
+
 def custom_convert_map() -> dict[str, Converter]:
     """Converters that replace buggy TVM 0.27 ones, for ``from_exported_program``.
 
@@ -163,7 +255,10 @@ def custom_convert_map() -> dict[str, Converter]:
     fixes: dict[str, Converter] = {
         "cumsum.default": cumsum_promote,
         "slice.Tensor": slice_positive_dim,
+        "cat.default": cat_skip_empty,
     }
+    for key in FLOAT_RESULT_OPS:
+        fixes[key] = promote_to_result_dtype(key)
     for op, (relax_op, intrinsic) in _COMPARISONS.items():
         for overload in ("Tensor", "Scalar"):
             key = f"{op}.{overload}"
