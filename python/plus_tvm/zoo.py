@@ -142,7 +142,7 @@ class _VGG16(nn.Module):
 
 
 # -------------------------------------------------------------------------------- BatchNorm fix
-def _recalibrate_batchnorm(
+def recalibrate_batchnorm(
     model: nn.Module, input_shape: tuple[int, ...], seed: int, batches: int = 2, batch: int = 4
 ) -> None:
     """Give every BatchNorm unit-ish affine parameters and running stats of random inputs.
@@ -216,7 +216,7 @@ def _vision(
         model = _VisionModel(_hf_model(model_cls, cfg, **model_kwargs), output)
         if recalibrate:
             model.eval()
-            _recalibrate_batchnorm(model, input_shape, seed)
+            recalibrate_batchnorm(model, input_shape, seed)
         return model
 
     return build
