@@ -2,6 +2,7 @@
 
 from .annotate_map_pattern import AnnotateMapPattern
 from .apply_schedule_rules import ApplyScheduleRules
+from .canonicalize_sdpa import CanonicalizeSDPA
 from .convert_to_channels_last import ConvertToChannelsLast
 from .declare_capture_vars import DeclareCaptureVars
 from .dp_fuse_ops import DPFuseOps
@@ -24,6 +25,7 @@ from .wrap_take_indices import WrapTakeIndices
 __all__ = [
     "AnnotateMapPattern",
     "ApplyScheduleRules",
+    "CanonicalizeSDPA",
     "ConvertToChannelsLast",
     "DeclareCaptureVars",
     "DPFuseOps",

@@ -108,12 +108,14 @@ def map_bindings(
         body = relax.SeqExpr(blocks, func.body.body)
         return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
 
-    def typed(out: tvm.IRModule) -> tvm.IRModule:
-        bb = relax.BlockBuilder(out)
-        functions = {
-            g: bb.normalize(f) if isinstance(f, relax.Function) else f
-            for g, f in out.functions_items()
-        }
-        return tvm.IRModule(functions, attrs=out.attrs, global_infos=out.global_infos)
+    return map_functions(mod, per_function, typed_functions)
 
-    return map_functions(mod, per_function, typed)
+
+def typed_functions(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with its Relax functions typed by a ``BlockBuilder`` (struct info of rebuilt
+    bodies), as a new module: no nested pass runs on a module the caller still holds."""
+    bb = relax.BlockBuilder(mod)
+    functions = {
+        g: bb.normalize(f) if isinstance(f, relax.Function) else f for g, f in mod.functions_items()
+    }
+    return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)

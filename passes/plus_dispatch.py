@@ -218,7 +218,8 @@ def _defined_before(graph: OpGraph, expr: relax.Expr, position: int) -> bool:
 
 
 def _choose(match, ctx, graph, kind, cost, report):  # noqa: ANN001, ANN202
-    dtypes = {str(graph.nodes[i].var.ty.dtype) for i in match.members}
+    # the data's dtypes: a predicate inside the subgraph (a mask's condition) is bool
+    dtypes = {str(graph.nodes[i].var.ty.dtype) for i in match.members} - {"bool"}
     for entry in match.entries:
         if not entry.constraints.admits(dtypes, match.sizes):
             report.declined[f"{entry.name}: constraints"] += 1

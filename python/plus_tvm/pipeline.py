@@ -57,6 +57,7 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     """Phase 1: +Graph identification and warehouse library calls (``dispatch``), then TVM's
     own library dispatch for the target."""
     from .passes import (
+        CanonicalizeSDPA,
         ConvertToChannelsLast,
         FoldPadIntoConv,
         FoldStaticSubgraphs,
@@ -74,6 +75,8 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         WrapTakeIndices(),  # gathers never read outside their table
         GlobalPoolToMean(),
         SimplifyViews(),
+        # SDPA's decomposition (operand scales, safe softmax) in the attention entry's form
+        CanonicalizeSDPA(),
         FoldPadIntoConv(asymmetric=channels_last),
     ]
     if channels_last:

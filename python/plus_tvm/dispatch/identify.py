@@ -92,13 +92,15 @@ class Identifier:
             return None
         archived = self._archive(members, builder, state)
         rejected: set[int] = set()
+        prologues: set[int] = set()
         history: list[Match] = []
 
         def try_add(index: int, prologue: bool) -> bool:
             nonlocal builder, state, archived
             if index in rejected or index in members or index not in unfused:
                 return False
-            if len(members) >= self.max_members or not self._convex(members, index):
+            sources = prologues | ({index} if prologue else set())
+            if len(members) >= self.max_members or not self._convex(members, index, sources):
                 return False
             allowed = [e for e in state[0] if (e.allow_prologue if prologue else e.allow_epilogue)]
             if not allowed:
@@ -113,6 +115,8 @@ class Identifier:
                 return False
             builder, state = trial, trial_state
             members.append(index)
+            if prologue:
+                prologues.add(index)
             latest = self._archive(members, builder, state)
             if latest is not None:
                 if archived is not None:
@@ -126,7 +130,7 @@ class Identifier:
         progress = True
         while progress:  # epilogues, then the producers of each epilogue (lines 5-11)
             progress = False
-            for c in self._consumers(members):
+            for c in self._consumers(members, prologues):
                 if try_add(c, False):
                     progress = True
                     for p in self.g.nodes[c].inputs:
@@ -164,23 +168,28 @@ class Identifier:
                     seen.append(p)
         return seen
 
-    def _consumers(self, members: list[int]) -> list[int]:
+    def _consumers(self, members: list[int], prologues: set[int] = frozenset()) -> list[int]:
+        """Consumers of the subgraph's computation: an operator reading only prologue members
+        (the mask an attention adds, read again elsewhere) is not an epilogue of it."""
         seen: list[int] = []
         for m in sorted(members):
+            if m in prologues:
+                continue
             for c in self.g.nodes[m].consumers:
                 if c not in members and c not in seen:
                     seen.append(c)
         return sorted(seen)
 
-    def _convex(self, members: list[int], new: int) -> bool:
+    def _convex(self, members: list[int], new: int, prologues: set[int] = frozenset()) -> bool:
         """Adding ``new`` keeps the set convex: no path between two members through an
-        outsider."""
+        outsider. A prologue's outside consumers compute its value again (the greedy
+        multi-output rule), so paths from a prologue do not leave the subgraph."""
         group = set(members) | {new}
         lo = min(group)
         hi = max(group)
         # outsiders reachable from the group (forward), within the index window
         reach: set[int] = set()
-        stack = [c for m in group for c in self.g.nodes[m].consumers if c not in group]
+        stack = [c for m in group - prologues for c in self.g.nodes[m].consumers if c not in group]
         while stack:
             i = stack.pop()
             if i in reach or i > hi:

@@ -4,7 +4,8 @@ Call: ``plus.attention(q, k, v, [mask], config, out)``. Keys: ``layout=bhsd|bshd
 v: ``[B, H, S, D]`` or ``[B, S, H, D]``), ``out_layout=bhsd|bshd``, ``scale=<float>`` (default
 ``1/sqrt(D)``), ``causal=0|1`` (``-inf`` above the diagonal, aligned top-left as in torch's
 ``is_causal``: query ``i`` sees keys ``0..i``), ``mask=0|1`` (an additive float mask
-broadcastable to ``[B, H, Sq, Sk]``).
+broadcastable to ``[B, H, Sq, Sk]``), ``zero_masked=0|1`` (a query whose mask row is all
+``-inf`` gets 0, SDPA's safe softmax, instead of NaN).
 
 Runs ``torch.nn.functional.scaled_dot_product_attention``: flash attention on CPU and on CUDA
 (or memory-efficient/cuDNN attention where flash does not apply). ``bshd`` inputs are passed as
@@ -27,6 +28,7 @@ ATTENTION_SPEC = ConfigSpec(
     scale=real(None),
     causal=flag(),
     mask=flag(),
+    zero_masked=flag(),
 )
 
 
@@ -91,6 +93,8 @@ class Attention(LibraryKernel):
         o = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, scale=cfg.scale
         )
+        if cfg.zero_masked and mask is not None:
+            o = o.masked_fill((mask == float("-inf")).all(-1, keepdim=True), 0.0)
         if cfg.out_layout == "bshd":
             o = o.transpose(1, 2)
         out.copy_(o)

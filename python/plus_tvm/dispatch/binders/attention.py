@@ -3,7 +3,9 @@ permute (PluS S1/S6) as one ``plus.attention`` call.
 
 The scale (a multiply or divide by a scalar), the additive mask and the head permutes of the
 inputs and the output become kernel parameters (``scale``, ``mask``, ``layout`` /
-``out_layout``); whatever computes the mask stays as TIR before the call.
+``out_layout``); whatever computes the mask stays as TIR before the call. SDPA's safe softmax
+(a ``where`` zeroing the rows whose mask is all ``-inf``, as ``CanonicalizeSDPA`` leaves it)
+becomes ``zero_masked``.
 """
 
 from __future__ import annotations
@@ -36,9 +38,27 @@ def _numel(expr: relax.Expr) -> int | None:
     return out
 
 
+def _last_4d_view(ctx: Ctx, expr: relax.Expr) -> relax.Expr:
+    """The innermost 4-D tensor of the view chain ending at ``expr`` (q of a packed QKV
+    projection is ``squeeze(strided_slice(5-D))``: the 4-D squeeze, not the 5-D slice)."""
+    best = expr if len(shape_of(expr)) == 4 else None
+    while True:
+        found = ctx.block_call(expr)
+        if found is None or ctx.op(found[0]) not in _VIEWS:
+            return best if best is not None else expr
+        src = found[1].args[0]
+        if _numel(src) != _numel(ctx.var(found[0])):
+            return best if best is not None else expr
+        expr = src
+        if len(shape_of(expr)) == 4:
+            best = expr
+
+
 def _head_input(ctx: Ctx, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr] | None:
     """(bshd tensor or None, bhsd tensor) behind an attention operand."""
     t = _strip_views(ctx, expr)
+    if len(shape_of(t)) != 4:
+        t = _last_4d_view(ctx, expr)
     if len(shape_of(t)) != 4:
         return None
     found = ctx.block_call(t)
@@ -46,6 +66,28 @@ def _head_input(ctx: Ctx, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr] | N
         if permute_axes(found[1]) == [0, 2, 1, 3]:
             return found[1].args[0], t
     return None, t
+
+
+def _rows_of_neg_inf(ctx: Ctx, cond: relax.Expr, mask: relax.Expr) -> bool:
+    """``cond`` is ``all(mask == -inf, -1, keepdims)`` as ``CanonicalizeSDPA`` writes it:
+    ``not(bool(max(int8(not(mask == -inf)), -1, keepdims)))``."""
+    cur = cond
+    steps = ("relax.logical_not", "relax.astype", "relax.max", "relax.astype", "relax.logical_not")
+    for op in steps:
+        found = ctx.block_call(cur)
+        if found is None or ctx.op(found[0]) != op:
+            return False
+        if op == "relax.max":
+            rank = len(shape_of(found[1].args[0]))
+            axes = [int(a) for a in (found[1].attrs.axis or [])]
+            if axes not in ([-1], [rank - 1]) or not found[1].attrs.keepdims:
+                return False
+        cur = found[1].args[0]
+    found = ctx.block_call(cur)
+    if found is None or ctx.op(found[0]) != "relax.equal" or not found[1].args[0].same_as(mask):
+        return False
+    value = ctx.is_scalar_const(found[1].args[1])
+    return value is not None and value == float("-inf")
 
 
 def _next(ctx: Ctx, cur: int, absorbed: list[int]) -> int | None:
@@ -72,6 +114,7 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     scale = 1.0
     masks: list[relax.Expr] = []
     seen_softmax = False
+    zero_masked = False
     m2 = None
     while m2 is None:
         nxt = _next(ctx, cur, absorbed)
@@ -96,6 +139,14 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
             if int(call.attrs.axis) not in (-1, rank - 1):
                 return None
             seen_softmax = True
+        elif op == "relax.where" and seen_softmax and not zero_masked and len(masks) == 1:
+            # SDPA's safe softmax (CanonicalizeSDPA): rows whose mask is all -inf give 0
+            cond, zero, probs = call.args
+            if not probs.same_as(ctx.var(cur)) or ctx.is_scalar_const(zero) != 0.0:
+                return None
+            if not _rows_of_neg_inf(ctx, cond, masks[0]) or not ctx.defined_before(cond, nxt):
+                return None
+            zero_masked = True
         elif op == "relax.matmul" and seen_softmax:
             if not _strip_views(ctx, call.args[0]).same_as(ctx.var(cur)) and not call.args[
                 0
@@ -150,5 +201,7 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         "causal": False,
         "mask": mask is not None,
     }
+    if zero_masked:
+        cfg["zero_masked"] = True
     args = [*tensors] + ([mask] if mask is not None else [])
     return LibraryCall("plus.attention", args, cfg, cur, absorbed, pre)

@@ -24,6 +24,7 @@ struct AttentionConfig {
   float scale = 1.f;
   bool causal = false;
   bool mask = false;
+  bool zero_masked = false;  // a query whose mask row is all -inf gets 0 (SDPA's safe softmax)
   bool native = false;
 
   int inputs() const { return 3 + mask; }
@@ -46,6 +47,7 @@ AttentionConfig ParseAttentionConfig(const std::string& text) {
     }
     if (key == "causal") return ParseFlag(value, &cfg.causal);
     if (key == "mask") return ParseFlag(value, &cfg.mask);
+    if (key == "zero_masked") return ParseFlag(value, &cfg.zero_masked);
     return false;
   });
   cfg.native = ok;
@@ -175,6 +177,7 @@ class Attention : public KernelBase {
     third.Add(DNNL_ARG_DST, ThreadMemory(owner, 11, plan->out, DataOf(out)));
     AddScratch(&third, owner, 12, plan->scratch_context, base + offset);
     Execute(plan->context, third);
+    if (cfg->zero_masked && mask != nullptr) ZeroMaskedRows(mask, out, dims[3], cfg->out_bshd);
     Done(start);
   }
 
@@ -184,6 +187,32 @@ class Attention : public KernelBase {
   size_t NumPlans() override { return plans_.size(); }
 
  private:
+  // rows [b, h, i, :] of ``out`` whose mask row (broadcast to [B, H, Sq, Sk]) is all -inf
+  // become 0, as SDPA's safe softmax returns (the softmax of such a row is NaN)
+  static void ZeroMaskedRows(const DLTensor* mask, const DLTensor* out, const int64_t* bhsd,
+                             bool out_bshd) {
+    int64_t md[4] = {1, 1, 1, 1};
+    for (int i = 0; i < mask->ndim; ++i) md[4 - mask->ndim + i] = mask->shape[i];
+    const int64_t st2 = md[3], st1 = md[2] * st2, st0 = md[1] * st1;
+    const float* m = static_cast<const float*>(DataOf(mask));
+    float* o = static_cast<float*>(DataOf(out));
+    const int64_t B = bhsd[0], H = bhsd[1], S = bhsd[2], D = bhsd[3];
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < S; ++i) {
+          const float* row = m + (md[0] == 1 ? 0 : b) * st0 + (md[1] == 1 ? 0 : h) * st1 +
+                             (md[2] == 1 ? 0 : i) * st2;
+          bool all = true;
+          for (int64_t j = 0; j < md[3] && all; ++j) all = row[j] == ninf;
+          if (!all) continue;
+          int64_t at = out_bshd ? ((b * S + i) * H + h) * D : ((b * H + h) * S + i) * D;
+          std::fill(o + at, o + at + D, 0.f);
+        }
+      }
+    }
+  }
+
   static void AddScratch(ExecArgs* exec, const std::shared_ptr<void>& owner, int slot,
                          const memory::desc& desc, void* data) {
     if (desc.get_size() > 0) exec->Add(DNNL_ARG_SCRATCHPAD, ThreadMemory(owner, slot, desc, data));

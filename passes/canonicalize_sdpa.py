@@ -1,0 +1,252 @@
+"""CanonicalizeSDPA: transformers' default attention, as torch decomposes it, in the form the
+attention warehouse entry matches (PluS: variants of one computation hit the same entry).
+
+``F.scaled_dot_product_attention`` reaches Relax as its math decomposition:
+
+- ``q * sqrt(scale)`` and ``k^T * sqrt(scale)`` before the product (each operand scaled);
+- after ``softmax(s)``, the "safe softmax" fix-up that returns 0 for a row whose scores are all
+  ``-inf``: ``where(not(any(s != -inf, -1)), 0, softmax(s))``, which reads the scores a second
+  time (an extra reduction) and gives ``softmax`` two consumers.
+
+This pass moves scalar factors of ``matmul`` operands, through the views between them, onto the
+product (``(q c1) @ (k^T c2) = (q @ k^T) c1 c2``), and computes the fix-up's row condition from
+the additive mask instead of the scores: with finite ``q @ k^T`` a row of ``s = q @ k^T + mask``
+is all ``-inf`` exactly when the mask's row is. The fix-up is kept (a library kernel absorbing it
+zeroes those rows: ``zero_masked`` of ``plus.attention``), so the program computes the same
+values whether or not the attention is dispatched. Runs in phase 1 before ``PlusDispatch``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import relax
+
+from ._dataflow_rewrite import map_functions, op_name, typed_functions
+
+_VIEWS = frozenset(
+    (
+        "relax.reshape",
+        "relax.permute_dims",
+        "relax.broadcast_to",
+        "relax.expand_dims",
+        "relax.squeeze",
+    )
+)
+
+
+@tvm.transform.module_pass(opt_level=0, name="CanonicalizeSDPA")
+class CanonicalizeSDPA:
+    """Hoist operand scales of matmuls; the safe-softmax condition from the mask (module
+    docstring).
+
+    Attributes
+    ----------
+    hoisted, conditions : int
+        After a run: matmuls whose operand scales moved onto the product; safe-softmax
+        conditions recomputed from the mask.
+    """
+
+    def __init__(self) -> None:
+        self.hoisted = 0
+        self.conditions = 0
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        self.hoisted = self.conditions = 0
+        return map_functions(mod, self._function, _finish)
+
+    def _function(self, func: relax.Function) -> relax.Function:
+        blocks, changed = [], False
+        for block in func.body.blocks:
+            if not isinstance(block, relax.DataflowBlock):
+                blocks.append(block)
+                continue
+            value_of = {b.var: b.value for b in block.bindings}
+            uses = _use_counts(block, func.body.body)
+            bb = relax.BlockBuilder()  # new nested calls become bindings of their own (ANF)
+            bb._begin_dataflow_block()
+            for b in block.bindings:
+                new = self._hoist(b.value, value_of, uses)
+                if new is None:
+                    new = self._safe_softmax(b.value, value_of)
+                if new is not None:
+                    changed = True
+                    b = relax.VarBinding(b.var, bb.normalize(new))
+                bb.emit_normalized(b)
+            blocks.append(bb._end_block())
+        if not changed:
+            return func
+        body = relax.SeqExpr(blocks, func.body.body)
+        return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+
+    # ------------------------------------------------------------------ (q c1) @ (k^T c2)
+    def _hoist(self, value: relax.Expr, value_of: dict, uses: dict) -> relax.Expr | None:
+        if op_name(value) != "relax.matmul":
+            return None
+        fa, a = _unscale(value.args[0], value_of, uses)
+        fb, b = _unscale(value.args[1], value_of, uses)
+        if fa == 1.0 and fb == 1.0:
+            return None
+        dtype = str(value.ty.dtype) if isinstance(value.ty, relax.TensorType) else "float32"
+        if not dtype.startswith(("float", "bfloat")):
+            return None
+        self.hoisted += 1
+        product = relax.Call(value.op, [a, b], value.attrs)
+        return relax.op.multiply(product, relax.const(fa * fb, dtype))
+
+    # ------------------------------------------------------------------ safe softmax
+    def _safe_softmax(self, value: relax.Expr, value_of: dict) -> relax.Expr | None:
+        """``where(all(s == -inf, -1), 0, softmax(s))`` with the condition read off the mask."""
+        if op_name(value) != "relax.where" or len(value.args) != 3:
+            return None
+        cond, zero, probs = value.args
+        soft = value_of.get(probs)
+        if op_name(soft) != "relax.nn.softmax" or not _is_zero(zero, probs, value_of):
+            return None
+        scores = soft.args[0]
+        row = _row_all_neg_inf(cond, value_of)
+        if row is None or not row.same_as(scores):
+            return None
+        mask = _additive_mask(scores, value_of)
+        if mask is None:
+            return None
+        self.conditions += 1
+        dtype = str(probs.ty.dtype)
+        return relax.op.where(_all_neg_inf_rows(mask), relax.const(0.0, dtype), probs)
+
+
+def _finish(mod: tvm.IRModule) -> tvm.IRModule:
+    # typed, then the scaled operands and the old condition dropped
+    return relax.transform.DeadCodeElimination()(typed_functions(mod))
+
+
+def _use_counts(block: relax.DataflowBlock, result: relax.Expr) -> dict:
+    counts: dict = {}
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Var):
+            counts[expr] = counts.get(expr, 0) + 1
+        elif isinstance(expr, relax.Call):
+            for a in expr.args:
+                visit(a)
+        elif isinstance(expr, relax.Tuple):
+            for f in expr.fields:
+                visit(f)
+        elif isinstance(expr, relax.TupleGetItem):
+            visit(expr.tuple_value)
+
+    for b in block.bindings:
+        visit(b.value)
+    visit(result)
+    return counts
+
+
+def _scalar(expr: relax.Expr) -> float | None:
+    if isinstance(expr, tvm.ir.expr.Constant):
+        arr = expr.value.numpy()
+        if arr.size == 1 and arr.dtype.kind == "f":
+            value = float(arr.reshape(()))
+            return value if math.isfinite(value) and value != 0.0 else None
+    return None
+
+
+def _unscale(expr: relax.Expr, value_of: dict, uses: dict) -> tuple[float, relax.Expr]:
+    """(factor, unscaled operand): a scalar multiply / divide behind views, each used once."""
+    chain = []
+    cur = expr
+    while (
+        isinstance(cur, relax.Var)
+        and uses.get(cur, 0) == 1
+        and op_name(value_of.get(cur)) in _VIEWS
+    ):
+        chain.append(value_of[cur])
+        cur = value_of[cur].args[0]
+    inner = value_of.get(cur)
+    if not (isinstance(cur, relax.Var) and uses.get(cur, 0) == 1):
+        return 1.0, expr
+    op = op_name(inner)
+    if op == "relax.multiply":
+        for i in (0, 1):
+            c = _scalar(inner.args[1 - i])
+            if c is not None:
+                return c, _replay(chain, inner.args[i])
+    if op == "relax.divide":
+        c = _scalar(inner.args[1])
+        if c is not None:
+            return 1.0 / c, _replay(chain, inner.args[0])
+    return 1.0, expr
+
+
+def _replay(chain: list[relax.Call], source: relax.Expr) -> relax.Expr:
+    out = source
+    for call in reversed(chain):
+        out = relax.Call(call.op, [out, *call.args[1:]], call.attrs, call.ty_args)
+    return out
+
+
+def _is_zero(expr: relax.Expr, probs: relax.Var, value_of: dict) -> bool:
+    value = value_of.get(expr)
+    if op_name(value) == "relax.full_like" and value.args[0].same_as(probs):
+        return _scalar_value(value.args[1]) == 0.0
+    return _scalar_value(expr) == 0.0
+
+
+def _scalar_value(expr: relax.Expr) -> float | None:
+    if isinstance(expr, tvm.ir.expr.Constant):
+        arr = expr.value.numpy()
+        if arr.size == 1:
+            return float(arr.reshape(()))
+    return None
+
+
+def _follow(expr: relax.Expr, value_of: dict, op: str) -> relax.Call | None:
+    value = value_of.get(expr)
+    return value if op_name(value) == op else None
+
+
+def _row_all_neg_inf(cond: relax.Expr, value_of: dict) -> relax.Expr | None:
+    """``s`` when ``cond`` is ``not(bool(max(int(not(s == -inf)), -1, keepdims)))``."""
+    steps = ("relax.logical_not", "relax.astype", "relax.max", "relax.astype", "relax.logical_not")
+    cur = cond
+    for op in steps:
+        call = _follow(cur, value_of, op)
+        if call is None:
+            return None
+        if op == "relax.max":
+            axes = [int(a) for a in (call.attrs.axis or [])]
+            rank = len(call.args[0].ty.shape.values)
+            if axes not in ([-1], [rank - 1]) or not call.attrs.keepdims:
+                return None
+        cur = call.args[0]
+    equal = _follow(cur, value_of, "relax.equal")
+    if equal is None or _scalar_value(equal.args[1]) != -math.inf:
+        return None
+    return equal.args[0]
+
+
+def _additive_mask(scores: relax.Expr, value_of: dict) -> relax.Expr | None:
+    """The additive mask of ``scores = product + mask`` (the operand that is not the scaled
+    product), or None."""
+    add = _follow(scores, value_of, "relax.add")
+    if add is None:
+        return None
+    for i in (0, 1):
+        if _is_product(add.args[i], value_of):
+            return add.args[1 - i]
+    return None
+
+
+def _is_product(expr: relax.Expr, value_of: dict) -> bool:
+    value = value_of.get(expr)
+    while op_name(value) in _VIEWS or op_name(value) == "relax.multiply":
+        value = value_of.get(value.args[0])
+    return op_name(value) == "relax.matmul"
+
+
+def _all_neg_inf_rows(mask: relax.Expr) -> relax.Expr:
+    """``all(mask == -inf, -1, keepdims)`` in the decomposition's own operators."""
+    dtype = str(mask.ty.dtype)
+    finite = relax.op.logical_not(relax.op.equal(mask, relax.const(-math.inf, dtype)))
+    any_finite = relax.op.max(relax.op.astype(finite, "int8"), axis=[-1], keepdims=True)
+    return relax.op.logical_not(relax.op.astype(any_finite, "bool"))

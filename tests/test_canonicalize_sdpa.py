@@ -1,0 +1,100 @@
+"""CanonicalizeSDPA + the attention entry: torch's SDPA decomposition (operand scales, safe
+softmax) dispatches to ``plus.attention`` like the eager form, and stays exact, fully masked
+query rows included (SDPA returns 0 for them, plain softmax NaN)."""
+
+from __future__ import annotations
+
+import numpy as np
+import plus_tvm
+import pytest
+import torch
+import tvm_ffi
+from plus_tvm import arch_suite
+from plus_tvm.passes import CanonicalizeSDPA
+from torch.nn import functional as F  # noqa: N812
+
+
+class _PackedQKV(torch.nn.Module):
+    """One QKV projection split into heads, SDPA with an additive mask given as an input."""
+
+    def __init__(self, heads: int = 4, dim: int = 32) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(a.transpose(1, 2).reshape(b, s, d))
+
+
+def _mask(rows_all_masked: tuple[int, ...]) -> torch.Tensor:
+    mask = torch.zeros(1, 1, 12, 12)
+    mask[..., 5, 2:] = float("-inf")  # partly masked
+    for r in rows_all_masked:
+        mask[..., r, :] = float("-inf")
+    return mask
+
+
+@pytest.mark.parametrize("rows", [(), (3,), (0, 7, 11)])
+def test_sdpa_dispatches_and_fully_masked_rows_are_zero(rows):
+    torch.manual_seed(0)
+    model = _PackedQKV().eval()
+    x = torch.randn(1, 12, 32)
+    compiled = plus_tvm.compile(model, example_args=(x, _mask(())))
+    assert compiled.stats["patterns"].get("attention") == 1
+    mask = _mask(rows)
+    with torch.no_grad():
+        ref = model(x, mask).numpy()
+    got = np.asarray(compiled(x, mask))
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_undispatched_sdpa_keeps_the_safe_softmax():
+    """Without dispatch the same canonical form runs as TIR: still 0 for masked rows."""
+    torch.manual_seed(0)
+    model = _PackedQKV().eval()
+    x, mask = torch.randn(1, 12, 32), _mask((4,))
+    compiled = plus_tvm.compile(
+        model, example_args=(x, mask), options=plus_tvm.Options(dispatch=False)
+    )
+    with torch.no_grad():
+        ref = model(x, mask).numpy()
+    np.testing.assert_allclose(np.asarray(compiled(x, mask)), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_pass_moves_operand_scales_onto_the_product_and_leaves_its_input():
+    from plus_tvm.loader import load_model
+
+    torch.manual_seed(0)
+    model = _PackedQKV().eval()
+    mod = load_model(model, (torch.randn(1, 12, 32), _mask(()))).mod
+    before = mod.script()
+    rewrite = CanonicalizeSDPA()
+    out = rewrite(mod)
+    assert rewrite.hoisted >= 1 and rewrite.conditions == 1
+    assert mod.script() == before  # the input module is never mutated
+    assert not tvm_ffi.structural_equal(out, mod)
+
+
+@pytest.mark.parametrize("name", ["bert", "distilbert", "bart", "vit", "gpt-neox"])
+def test_sdpa_models_use_the_attention_entry(name):
+    """transformers' default (SDPA) attention hits the same entry as its eager attention, and
+    compiles to no more kernels than eager plus the mask's row condition."""
+    import transformers
+
+    entry = arch_suite.ENTRIES[name]
+    stats = {}
+    for impl in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        config = getattr(transformers, entry["config"])(**entry["fields"])
+        config._attn_implementation = impl
+        model = getattr(transformers, entry["model"])(config)
+        model = arch_suite._FirstOutput(model, entry["kind"]).eval()
+        stats[impl] = plus_tvm.inspect(model, example_args=arch_suite.inputs_of(entry, 0))
+    assert stats["sdpa"]["patterns"].get("attention", 0) >= 1
+    assert stats["sdpa"]["patterns"].get("attention") == stats["eager"]["patterns"].get("attention")
+    assert stats["sdpa"]["patterns"].get("batch_gemm", 0) == 0
