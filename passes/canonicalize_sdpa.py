@@ -25,6 +25,15 @@ from tvm import relax
 
 from ._dataflow_rewrite import map_functions, op_name, typed_functions
 
+# ``all(x == -inf, -1, keepdims)`` as torch's safe softmax writes it, outermost first:
+# ``not(bool(max(int8(not(x == -inf)), -1, keepdims)))`` (the binder reads the same chain)
+ROW_CONDITION_OPS = (
+    "relax.logical_not",
+    "relax.astype",
+    "relax.max",
+    "relax.astype",
+    "relax.logical_not",
+)
 _VIEWS = frozenset(
     (
         "relax.reshape",
@@ -207,9 +216,8 @@ def _follow(expr: relax.Expr, value_of: dict, op: str) -> relax.Call | None:
 
 def _row_all_neg_inf(cond: relax.Expr, value_of: dict) -> relax.Expr | None:
     """``s`` when ``cond`` is ``not(bool(max(int(not(s == -inf)), -1, keepdims)))``."""
-    steps = ("relax.logical_not", "relax.astype", "relax.max", "relax.astype", "relax.logical_not")
     cur = cond
-    for op in steps:
+    for op in ROW_CONDITION_OPS:
         call = _follow(cur, value_of, op)
         if call is None:
             return None

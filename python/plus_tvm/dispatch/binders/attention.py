@@ -71,9 +71,10 @@ def _head_input(ctx: Ctx, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr] | N
 def _rows_of_neg_inf(ctx: Ctx, cond: relax.Expr, mask: relax.Expr) -> bool:
     """``cond`` is ``all(mask == -inf, -1, keepdims)`` as ``CanonicalizeSDPA`` writes it:
     ``not(bool(max(int8(not(mask == -inf)), -1, keepdims)))``."""
+    from ...passes.canonicalize_sdpa import ROW_CONDITION_OPS
+
     cur = cond
-    steps = ("relax.logical_not", "relax.astype", "relax.max", "relax.astype", "relax.logical_not")
-    for op in steps:
+    for op in ROW_CONDITION_OPS:
         found = ctx.block_call(cur)
         if found is None or ctx.op(found[0]) != op:
             return False
