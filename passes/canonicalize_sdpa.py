@@ -95,14 +95,17 @@ class CanonicalizeSDPA:
             return None
         fa, a = _unscale(value.args[0], value_of, uses)
         fb, b = _unscale(value.args[1], value_of, uses)
-        if fa == 1.0 and fb == 1.0:
+        if fa is None and fb is None:
             return None
         dtype = str(value.ty.dtype) if isinstance(value.ty, relax.TensorType) else "float32"
         if not dtype.startswith(("float", "bfloat")):
             return None
         self.hoisted += 1
         product = relax.Call(value.op, [a, b], value.attrs)
-        return relax.op.multiply(product, relax.const(fa * fb, dtype))
+        factor = (1.0 if fa is None else fa) * (1.0 if fb is None else fb)
+        if factor == 1.0:  # OPT scales q itself and passes scale=1: the product alone
+            return product
+        return relax.op.multiply(product, relax.const(factor, dtype))
 
     # ------------------------------------------------------------------ safe softmax
     def _safe_softmax(self, value: relax.Expr, value_of: dict) -> relax.Expr | None:
@@ -160,8 +163,9 @@ def _scalar(expr: relax.Expr) -> float | None:
     return None
 
 
-def _unscale(expr: relax.Expr, value_of: dict, uses: dict) -> tuple[float, relax.Expr]:
-    """(factor, unscaled operand): a scalar multiply / divide behind views, each used once."""
+def _unscale(expr: relax.Expr, value_of: dict, uses: dict) -> tuple[float | None, relax.Expr]:
+    """(factor, unscaled operand): a scalar multiply / divide behind views, each used once;
+    (None, ``expr``) when there is none."""
     chain = []
     cur = expr
     while (
@@ -173,7 +177,7 @@ def _unscale(expr: relax.Expr, value_of: dict, uses: dict) -> tuple[float, relax
         cur = value_of[cur].args[0]
     inner = value_of.get(cur)
     if not (isinstance(cur, relax.Var) and uses.get(cur, 0) == 1):
-        return 1.0, expr
+        return None, expr
     op = op_name(inner)
     if op == "relax.multiply":
         for i in (0, 1):
@@ -184,7 +188,7 @@ def _unscale(expr: relax.Expr, value_of: dict, uses: dict) -> tuple[float, relax
         c = _scalar(inner.args[1])
         if c is not None:
             return 1.0 / c, _replay(chain, inner.args[0])
-    return 1.0, expr
+    return None, expr
 
 
 def _replay(chain: list[relax.Call], source: relax.Expr) -> relax.Expr:

@@ -80,7 +80,7 @@ def test_pass_moves_operand_scales_onto_the_product_and_leaves_its_input():
     assert not tvm_ffi.structural_equal(out, mod)
 
 
-@pytest.mark.parametrize("name", ["bert", "distilbert", "bart", "vit", "gpt-neox"])
+@pytest.mark.parametrize("name", ["bert", "distilbert", "bart", "vit", "gpt-neox", "opt", "t5"])
 def test_sdpa_models_use_the_attention_entry(name):
     """transformers' default (SDPA) attention hits the same entry as its eager attention, and
     compiles to no more kernels than eager plus the mask's row condition."""

@@ -228,6 +228,8 @@ def cat_skip_empty(node: Any, importer: Any) -> relax.Expr:
     tensors = node.args[0]
     rank = max((_rank(t) for t in tensors), default=-1)
     kept = [t for t in tensors if not (rank > 1 and _shape(t) == (0,))]
+    if len(kept) == 1 and len(tensors) > 1:
+        return importer.env[kept[0]]  # the cache's first step: the new keys themselves
     if len(kept) != len(tensors) and kept:
         node = _NodeWithArgs(node, (kept, *node.args[1:]))
     return importer._cat(node)
