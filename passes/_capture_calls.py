@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-TVM_RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
-PLUS_RUN_OR_CAPTURE = "plus.cuda_graph.run_or_capture"
+from ..runtime.cuda_graph import RUN_OR_CAPTURE as PLUS_RUN_OR_CAPTURE
+from ..runtime.cuda_graph import TVM_RUN_OR_CAPTURE
+
 _BUILTINS = (TVM_RUN_OR_CAPTURE, PLUS_RUN_OR_CAPTURE)
 
 

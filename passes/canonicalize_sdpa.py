@@ -19,14 +19,15 @@ values whether or not the attention is dispatched. Runs in phase 1 before ``Plus
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import tvm
 from tvm import relax
 
 from ._dataflow_rewrite import map_functions, op_name, typed_functions
 
-# ``all(x == -inf, -1, keepdims)`` as torch's safe softmax writes it, outermost first:
-# ``not(bool(max(int8(not(x == -inf)), -1, keepdims)))`` (the binder reads the same chain)
+# ``all(x == -inf, -1, keepdims)`` as torch's safe softmax writes it, outermost first, down to
+# ``x == -inf``: ``not(bool(max(int8(not(x == -inf)), -1, keepdims)))``
 ROW_CONDITION_OPS = (
     "relax.logical_not",
     "relax.astype",
@@ -117,7 +118,7 @@ class CanonicalizeSDPA:
         if op_name(soft) != "relax.nn.softmax" or not _is_zero(zero, probs, value_of):
             return None
         scores = soft.args[0]
-        row = _row_all_neg_inf(cond, value_of)
+        row = row_condition_source(cond, value_of.get)
         if row is None or not row.same_as(scores):
             return None
         mask = _additive_mask(scores, value_of)
@@ -155,12 +156,11 @@ def _use_counts(block: relax.DataflowBlock, result: relax.Expr) -> dict:
 
 
 def _scalar(expr: relax.Expr) -> float | None:
-    if isinstance(expr, tvm.ir.expr.Constant):
-        arr = expr.value.numpy()
-        if arr.size == 1 and arr.dtype.kind == "f":
-            value = float(arr.reshape(()))
-            return value if math.isfinite(value) and value != 0.0 else None
-    return None
+    """A finite, non-zero float scalar constant (a scale), else None."""
+    value = _scalar_value(expr)
+    if value is None or expr.value.numpy().dtype.kind != "f":
+        return None
+    return value if math.isfinite(value) and value != 0.0 else None
 
 
 def _unscale(expr: relax.Expr, value_of: dict, uses: dict) -> tuple[float | None, relax.Expr]:
@@ -218,12 +218,17 @@ def _follow(expr: relax.Expr, value_of: dict, op: str) -> relax.Call | None:
     return value if op_name(value) == op else None
 
 
-def _row_all_neg_inf(cond: relax.Expr, value_of: dict) -> relax.Expr | None:
-    """``s`` when ``cond`` is ``not(bool(max(int(not(s == -inf)), -1, keepdims)))``."""
+def row_condition_source(
+    cond: relax.Expr, definition: Callable[[relax.Expr], relax.Expr | None]
+) -> relax.Expr | None:
+    """``x`` when ``cond`` is ``all(x == -inf, -1, keepdims)`` in the operators of torch's safe
+    softmax (``ROW_CONDITION_OPS``, then ``x == -inf``), else None. ``definition`` gives the
+    value an expression is bound to (None when it is not bound in the block); shared by this
+    pass (the scores) and the attention binder (the mask)."""
     cur = cond
-    for op in ROW_CONDITION_OPS:
-        call = _follow(cur, value_of, op)
-        if call is None:
+    for op in (*ROW_CONDITION_OPS, "relax.equal"):
+        call = definition(cur)
+        if op_name(call) != op:
             return None
         if op == "relax.max":
             axes = [int(a) for a in (call.attrs.axis or [])]
@@ -231,10 +236,7 @@ def _row_all_neg_inf(cond: relax.Expr, value_of: dict) -> relax.Expr | None:
             if axes not in ([-1], [rank - 1]) or not call.attrs.keepdims:
                 return None
         cur = call.args[0]
-    equal = _follow(cur, value_of, "relax.equal")
-    if equal is None or _scalar_value(equal.args[1]) != -math.inf:
-        return None
-    return equal.args[0]
+    return cur if _scalar_value(call.args[1]) == -math.inf else None
 
 
 def _additive_mask(scores: relax.Expr, value_of: dict) -> relax.Expr | None:

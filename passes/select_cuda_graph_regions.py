@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 
 from ..costmodel import GraphCost
-from ._capture_calls import bindings, rewrite_capture_calls
+from ._capture_calls import bindings, capture_call, rewrite_capture_calls
 from ._graph_staging import is_kernel_call, is_library_call, staging_copies, tensor_bytes
 
 
@@ -56,26 +56,26 @@ class SelectCUDAGraphRegions:
         captured = tvm.transform.Sequential(self.capture)(mod)
         self.decisions = []
         saving = {}
-
-        def decide(_call: relax.Call, capture) -> None:
-            if capture.region in saving:
-                return None
-            inner = [b.value for b in bindings(captured[capture.region])]
+        regions = [
+            capture.region
+            for func in _relax_functions(captured)
+            for b in bindings(func)
+            if (capture := capture_call(b.value)) is not None
+        ]
+        for region in dict.fromkeys(regions):  # each capture function once, in program order
+            inner = [b.value for b in bindings(captured[region])]
             kernels = sum(is_kernel_call(v, captured) for v in inner)
             library = sum(is_library_call(v) for v in inner)
-            saving[capture.region] = self.cost.region_saving_us(kernels, library)
+            saving[region] = self.cost.region_saving_us(kernels, library)
             self.decisions.append(
                 {
-                    "region": capture.region.name_hint,
+                    "region": region.name_hint,
                     "kernels": kernels,
                     "library_calls": library,
-                    "saving_us": round(saving[capture.region], 2),
-                    "kept": saving[capture.region] > 0,
+                    "saving_us": round(saving[region], 2),
+                    "kept": saving[region] > 0,
                 }
             )
-            return None
-
-        rewrite_capture_calls(captured, decide)
         copied = [
             tensor_bytes(call.args[0].ty)
             for func in _relax_functions(captured)

@@ -19,6 +19,7 @@ import tvm
 import tvm_ffi
 from plus_tvm import Options, zoo
 from plus_tvm.compiler import _pre_lowering
+from plus_tvm.cuda_graph_report import GET_CACHED_ALLOC
 from plus_tvm.loader import load_model
 from plus_tvm.passes._capture_calls import PLUS_RUN_OR_CAPTURE, bindings, capture_call
 from plus_tvm.passes._graph_staging import staging_copies
@@ -28,7 +29,6 @@ from plus_tvm.target import resolve_target
 from tvm import relax
 
 INVOKE = tvm_ffi.get_global_func(cuda_graph.INVOKE_CLOSURE)
-GET_CACHED_ALLOC = "vm.builtin.cuda_graph.get_cached_alloc"
 
 
 class _Allocs:

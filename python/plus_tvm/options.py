@@ -2,8 +2,7 @@
 
 ``Options`` is the single place where the pipeline's behaviour is configured. It is hashable and
 has a stable :meth:`Options.digest` so it can key caches; the CLI sets any field with
-``--opt KEY=VALUE``. A value that the contract names but this build does not implement yet is
-rejected with a clear message instead of being silently ignored.
+``--opt KEY=VALUE``; a value outside a field's choices is rejected with a message naming them.
 """
 
 from __future__ import annotations
@@ -22,10 +21,6 @@ FUSION_RULES_CHOICES = ("mapping", "tvm")
 CUDA_GRAPH_CHOICES = ("auto", "off", "always")
 GIR_CHOICES = ("auto", "on", "off")
 CONV_LAYOUT_CHOICES = ("auto", "nchw", "nhwc")
-
-# Values the public contract reserves for parts that later work delivers. Rejecting them keeps a
-# user from believing that, e.g., DP fusion ran when it did not.
-_NOT_YET_AVAILABLE: dict[tuple[str, object], str] = {}
 
 
 @dataclass(frozen=True)
@@ -166,9 +161,6 @@ class Options:
                 raise OptionsError(
                     f"option {name} must be true or false, got {getattr(self, name)!r}"
                 )
-        for key, why in _NOT_YET_AVAILABLE.items():
-            if getattr(self, key[0]) == key[1] and type(getattr(self, key[0])) is type(key[1]):
-                raise OptionsError(f"option {key[0]}={_render(key[1])}: {why}")
 
     # ------------------------------------------------------------------ helpers
     def gir_enabled(self, target: object) -> bool:
@@ -228,10 +220,6 @@ def field_names() -> list[str]:
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise OptionsError(f"option {name}={value!r} is not one of {list(choices)}")
-
-
-def _render(value: object) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _jsonable(value: object) -> object:

@@ -17,15 +17,23 @@ from .common import Ctx, LibraryCall, permute_axes, pre_binding, shape_of
 _VIEWS = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.broadcast_to"}
 
 
-def _strip_views(ctx: Ctx, expr: relax.Expr) -> relax.Expr:
+def _view_chain(ctx: Ctx, expr: relax.Expr) -> list[relax.Expr]:
+    """``expr`` and the tensors it views, outermost first (reshapes and broadcasts that keep
+    the element count; a real broadcast ends the chain)."""
+    chain = [expr]
     while True:
         found = ctx.block_call(expr)
         if found is None or ctx.op(found[0]) not in _VIEWS:
-            return expr
+            return chain
         src = found[1].args[0]
         if _numel(src) != _numel(ctx.var(found[0])):
-            return expr  # a real broadcast
+            return chain  # a real broadcast
         expr = src
+        chain.append(expr)
+
+
+def _strip_views(ctx: Ctx, expr: relax.Expr) -> relax.Expr:
+    return _view_chain(ctx, expr)[-1]
 
 
 def _numel(expr: relax.Expr) -> int | None:
@@ -38,28 +46,11 @@ def _numel(expr: relax.Expr) -> int | None:
     return out
 
 
-def _last_4d_view(ctx: Ctx, expr: relax.Expr) -> relax.Expr:
-    """The innermost 4-D tensor of the view chain ending at ``expr`` (q of a packed QKV
-    projection is ``squeeze(strided_slice(5-D))``: the 4-D squeeze, not the 5-D slice)."""
-    best = expr if len(shape_of(expr)) == 4 else None
-    while True:
-        found = ctx.block_call(expr)
-        if found is None or ctx.op(found[0]) not in _VIEWS:
-            return best if best is not None else expr
-        src = found[1].args[0]
-        if _numel(src) != _numel(ctx.var(found[0])):
-            return best if best is not None else expr
-        expr = src
-        if len(shape_of(expr)) == 4:
-            best = expr
-
-
 def _head_input(ctx: Ctx, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr] | None:
     """(bshd tensor or None, bhsd tensor) behind an attention operand."""
-    t = _strip_views(ctx, expr)
-    if len(shape_of(t)) != 4:
-        t = _last_4d_view(ctx, expr)
-    if len(shape_of(t)) != 4:
+    # the innermost 4-D view: q of a packed QKV projection is squeeze(strided_slice(5-D))
+    t = next((e for e in reversed(_view_chain(ctx, expr)) if len(shape_of(e)) == 4), None)
+    if t is None:
         return None
     found = ctx.block_call(t)
     if found is not None and ctx.op(found[0]) == "relax.permute_dims":
@@ -69,26 +60,15 @@ def _head_input(ctx: Ctx, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr] | N
 
 
 def _rows_of_neg_inf(ctx: Ctx, cond: relax.Expr, mask: relax.Expr) -> bool:
-    """``cond`` is ``all(mask == -inf, -1, keepdims)`` as ``CanonicalizeSDPA`` writes it:
-    ``not(bool(max(int8(not(mask == -inf)), -1, keepdims)))``."""
-    from ...passes.canonicalize_sdpa import ROW_CONDITION_OPS
+    """``cond`` is ``all(mask == -inf, -1, keepdims)`` as ``CanonicalizeSDPA`` writes it."""
+    from ...passes.canonicalize_sdpa import row_condition_source
 
-    cur = cond
-    for op in ROW_CONDITION_OPS:
-        found = ctx.block_call(cur)
-        if found is None or ctx.op(found[0]) != op:
-            return False
-        if op == "relax.max":
-            rank = len(shape_of(found[1].args[0]))
-            axes = [int(a) for a in (found[1].attrs.axis or [])]
-            if axes not in ([-1], [rank - 1]) or not found[1].attrs.keepdims:
-                return False
-        cur = found[1].args[0]
-    found = ctx.block_call(cur)
-    if found is None or ctx.op(found[0]) != "relax.equal" or not found[1].args[0].same_as(mask):
-        return False
-    value = ctx.is_scalar_const(found[1].args[1])
-    return value is not None and value == float("-inf")
+    def definition(expr: relax.Expr) -> relax.Expr | None:
+        found = ctx.block_call(expr)
+        return found[1] if found is not None else None
+
+    source = row_condition_source(cond, definition)
+    return source is not None and source.same_as(mask)
 
 
 def _next(ctx: Ctx, cur: int, absorbed: list[int]) -> int | None:
