@@ -13,6 +13,7 @@ from .global_pool_to_mean import GlobalPoolToMean
 from .merge_sibling_linears import MergeSiblingLinears
 from .plus_dispatch import PlusDispatch
 from .propagate_nan import PropagateNaN
+from .prove_slices_inbound import ProveSlicesInbound
 from .rewrite_cuda_graph import RewriteCUDAGraph
 from .rewrite_view_builtins import RewriteViewBuiltins
 from .route_cuda_graph_runtime import RouteCUDAGraphRuntime
@@ -36,6 +37,7 @@ __all__ = [
     "MergeSiblingLinears",
     "PlusDispatch",
     "PropagateNaN",
+    "ProveSlicesInbound",
     "RewriteCUDAGraph",
     "RewriteViewBuiltins",
     "RouteCUDAGraphRuntime",

@@ -62,6 +62,7 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         FoldPadIntoConv,
         FoldStaticSubgraphs,
         GlobalPoolToMean,
+        ProveSlicesInbound,
         SimplifyViews,
         WrapTakeIndices,
     )
@@ -70,7 +71,11 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     # each would be a kernel of its own
     channels_last = options.channels_last(target)
     # input-independent chains (masks and position tables from arange) computed once here
-    passes: list[tvm.transform.Pass] = [FoldStaticSubgraphs()] if options.fold_constants else []
+    # slices of a symbolic length (torch.export's Dim) without clamps their bounds rule out:
+    # shapes built from them stay known (first: the folding and views need them)
+    passes: list[tvm.transform.Pass] = [ProveSlicesInbound()]
+    if options.fold_constants:
+        passes.append(FoldStaticSubgraphs())
     passes += [
         WrapTakeIndices(),  # gathers never read outside their table
         GlobalPoolToMean(),

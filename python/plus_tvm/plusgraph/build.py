@@ -117,7 +117,11 @@ def _sources(expr: tvm.ir.Expr) -> frozenset[int]:
 
 
 def _access(
-    tensor: str, indices: list, positions: dict[int, int], analyzer: tvm.sym.Analyzer
+    tensor: str,
+    indices: list,
+    positions: dict[int, int],
+    analyzer: tvm.sym.Analyzer,
+    domain: dict | None = None,
 ) -> Access:
     """Which iterator indexes each dimension bare. Indices are simplified under the iterator
     ranges first: a legalized reshape that only inserts or drops unit dimensions indexes with
@@ -126,8 +130,46 @@ def _access(
     for index in indices:
         if not isinstance(index, tirx.Var):
             index = analyzer.simplify(index)
+        if not isinstance(index, tirx.Var) and domain:
+            split = _split_iterator(index, domain, analyzer)
+            index = split if split is not None else index
         dims.append(positions.get(index.id_) if isinstance(index, tirx.Var) else None)
     return Access(tensor, tuple(dims))
+
+
+def _split_iterator(
+    index: tvm.ir.Expr, domain: dict, analyzer: tvm.sym.Analyzer
+) -> tirx.Var | None:
+    """The iterator ``index`` selects when it splits fused iterators back apart, else None.
+
+    With symbolic sizes the simplifier leaves a legalized reshape's ``((i*s + j)*s + k) //
+    (s*s)`` as it is (it cannot divide by ``s``); TVM's iterator-map detection recognizes it
+    as a split of the fused ``i, j, k`` whose lower factor and extent are those of ``i``.
+    """
+    found = tvm.sym.detect_iter_map([index], domain, check_level="surjective")
+    if len(found.indices) != 1:
+        return None
+    expr = found.indices[0]
+    if len(expr.args) != 1 or not analyzer.can_prove_equal(expr.base, 0):
+        return None
+    split = expr.args[0]
+    return _split_source(split, analyzer) if analyzer.can_prove_equal(split.scale, 1) else None
+
+
+def _split_source(split: tvm.sym.IterSplitExpr, analyzer: tvm.sym.Analyzer) -> tirx.Var | None:
+    def equal(a: object, b: object) -> bool:
+        return bool(analyzer.can_prove_equal(a, b))
+
+    mark = split.source
+    source = mark.source
+    if isinstance(source, tirx.Var):
+        whole = equal(split.lower_factor, 1) and equal(split.extent, mark.extent)
+        return source if whole else None
+    if isinstance(source, tvm.sym.IterSumExpr) and equal(source.base, 0):
+        for part in source.args:  # the fused iterator whose stride and extent the split takes
+            if equal(part.scale, split.lower_factor) and equal(part.extent, split.extent):
+                return _split_source(part, analyzer)
+    return None
 
 
 def basic_ops(func: tirx.PrimFunc, names: list[str], prefix: str) -> list[BasicOp]:
@@ -154,13 +196,19 @@ def basic_ops(func: tirx.PrimFunc, names: list[str], prefix: str) -> list[BasicO
         analyzer = tvm.sym.Analyzer()
         for iv in block.iter_vars:
             analyzer.bind(iv.var, iv.dom)
+        # symbolic extents: reshape indices are resolved by iterator-map detection
+        domain = {iv.var: iv.dom for iv in block.iter_vars if not _is_unit(iv)}
+        if all(isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
+            domain = {}
         reduce = tuple(int(iv.iter_type) == _REDUCE for iv in iters)
         ops: list[str] = []
         reads: list[Access] = []
         writes: list[Access] = []
         for store in stores:
             own = store.buffer.id_
-            writes.append(_access(name(store.buffer), list(store.indices), positions, analyzer))
+            writes.append(
+                _access(name(store.buffer), list(store.indices), positions, analyzer, domain)
+            )
             if any(reduce):
                 op = _reduce_op(store.value, own)
                 if op not in ops:
@@ -171,7 +219,9 @@ def basic_ops(func: tirx.PrimFunc, names: list[str], prefix: str) -> list[BasicO
             for load in _loads(store.value):
                 if load.source.id_ == own:
                     continue
-                reads.append(_access(name(load.source), list(load.indices), positions, analyzer))
+                reads.append(
+                    _access(name(load.source), list(load.indices), positions, analyzer, domain)
+                )
         result.append(
             BasicOp(
                 name=f"{prefix}.{block.name_hint}",
