@@ -162,7 +162,8 @@ def test_plus_variant_backend_is_compiled_with_its_options():
 def test_bad_arguments_are_rejected():
     with pytest.raises(BenchError, match="tensorrt"):
         Bench("zoo:bert-base-tiny", ["plus", "tensorrt"])
-    for kwargs in ({"runs": 0}, {"warmup": -1}, {"budget_s": float("inf")}, {"runs": True}):
+    bad = ({"runs": 0}, {"warmup": -1}, {"budget_s": float("inf")}, {"runs": True})
+    for kwargs in (*bad, {"seq_lengths": [16, 0]}):
         with pytest.raises(BenchError):
             Bench("zoo:bert-base-tiny", ["plus"], **kwargs)
     assert set(BACKENDS) >= {"plus", "torch", "torch-compile", "onnxruntime"}
@@ -272,3 +273,30 @@ def test_an_interrupted_bench_leaves_no_worker_behind(monkeypatch):
         Bench(_loaded(Small), ["plus", "torch"], runs=2, warmup=0, progress=False).run()
     assert len(started) == 2
     assert all(w.proc.poll() is not None for w in started)  # every worker process is gone
+
+
+def test_sequence_lengths_one_compile_every_backend_at_each_length(tmp_path):
+    """plus is compiled once with a symbolic sequence length; every backend (ORT on a model
+    exported with a dynamic sequence axis) is timed and checked at each length."""
+    result = Bench(
+        "zoo:gpt2-tiny",
+        ["plus", "torch", "onnxruntime"],
+        runs=2,
+        warmup=0,
+        progress=False,
+        seq_lengths=[3, 40],
+    ).run()
+    assert result["invalid"] == [] and list(result["lengths"]) == ["3", "40"]
+    assert result["stats"]["patterns"]["attention"] == 2  # dispatch with symbolic sizes
+    for summary in result["lengths"].values():
+        for name in ("plus", "torch", "onnxruntime"):
+            entry = summary["backends"][name]
+            assert entry["status"] == "ok", (name, entry["status"])
+            assert entry["runs"] == 2 and entry["max_abs_err"] < 1e-4
+    kernels = {s["backends"]["plus"]["kernels"] for s in result["lengths"].values()}
+    assert len(kernels) == 1  # the same compiled module
+    text = format_table(result)
+    assert "sequence length 3" in text and "sequence length 40" in text
+    from plus_tvm.bench import plot
+
+    assert os.path.getsize(plot(result, str(tmp_path / "lengths.png"))) > 0

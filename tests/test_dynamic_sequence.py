@@ -144,3 +144,28 @@ def test_one_compile_runs_every_sequence_length_exactly(name):
         assert out.shape == ref.shape
         assert np.abs(ref).max() > 0.1  # a non-degenerate reference
         np.testing.assert_allclose(out, ref, atol=1e-4, rtol=1e-4, err_msg=f"length {length}")
+
+
+def test_a_length_past_the_bound_is_a_clear_input_error(tmp_path):
+    from plus_tvm import InputError
+    from plus_tvm.dynamic_sequence import inputs_at, load_dynamic_sequence
+    from plus_tvm.loader import load_model
+
+    loaded = load_dynamic_sequence(load_model("zoo:gpt2-tiny"), max_len=32)
+    cm = plus_tvm.compile(loaded)
+    cm(*inputs_at(loaded.example_inputs, 32))
+    with pytest.raises(InputError, match=r"input_ids: axis 1 .* is 33.* 1\.\.32"):
+        cm(*inputs_at(loaded.example_inputs, 33))
+    # the bound travels with an exported library
+    path = str(tmp_path / "m.so")
+    cm.export_library(path)
+    with pytest.raises(InputError, match=r"1\.\.32"):
+        plus_tvm.load(path)(*inputs_at(loaded.example_inputs, 40))
+
+
+def test_a_model_without_token_inputs_has_no_sequence_axis():
+    from plus_tvm import ModelLoadError
+    from plus_tvm.dynamic_sequence import sequence_dims
+
+    with pytest.raises(ModelLoadError, match="no sequence input"):
+        sequence_dims((torch.randn(1, 3, 8, 8),), 64)

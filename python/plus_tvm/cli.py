@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="seconds per backend for its runs (slow backends get fewer runs)",
     )
+    p.add_argument(
+        "--seq-lengths",
+        type=_lengths,
+        help="comma-separated sequence lengths (a text model): plus compiled once with a "
+        "symbolic sequence length, every backend timed at each length",
+    )
     p.add_argument("--json", dest="json_path", help="write the result JSON to this file")
     p.add_argument("--plot", help="write a PNG bar chart to this file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -343,6 +349,16 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from None
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"sequence lengths must be at least 1: {text!r}")
+    return lengths
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import Bench, format_table, plot
 
@@ -356,6 +372,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         budget_s=args.budget,
         progress=not args.no_progress,
+        seq_lengths=args.seq_lengths,
     ).run()
     print(format_table(result))
     if args.json_path:

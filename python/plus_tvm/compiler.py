@@ -63,8 +63,26 @@ def input_specs(mod: tvm.IRModule) -> list[InputSpec]:
             dims = (None,) * ty.ndim
         else:
             dims = None
-        specs.append(InputSpec(param.name, dims, str(ty.dtype), ranges.get(param.name)))
+        sizes = _symbolic_sizes(main, dims)
+        specs.append(InputSpec(param.name, dims, str(ty.dtype), ranges.get(param.name), sizes))
     return specs
+
+
+def _symbolic_sizes(main: relax.Function, dims: tuple | None) -> tuple:
+    """``(name, low, high)`` of each bare symbolic dim in ``dims`` that ``main`` bounds
+    (``tir_var_lower_bound`` / ``tir_var_upper_bound``, from a ``Dim``'s min and max); a bound
+    it does not give is None."""
+    tables = [
+        {str(k): int(v) for k, v in (main.attrs.get(attr) or {}).items()}
+        if main.attrs is not None
+        else {}
+        for attr in ("tir_var_lower_bound", "tir_var_upper_bound")
+    ]
+    out = []
+    for d in dims or ():
+        if isinstance(d, str) and d not in [n for n, _, _ in out] and any(d in t for t in tables):
+            out.append((d, tables[0].get(d), tables[1].get(d)))
+    return tuple(out)
 
 
 _PRE_LOWERING = PHASE_NAMES[:4]

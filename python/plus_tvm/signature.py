@@ -44,6 +44,8 @@ class InputSpec:
     shape: tuple[int | str | None, ...] | None
     dtype: str
     index_range: IndexRange | None = None
+    # (symbolic dim, lowest, highest size) the model was compiled for (None: no bound)
+    sizes: tuple[tuple[str, int | None, int | None], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -53,6 +55,8 @@ class InputSpec:
         }
         if self.index_range is not None:
             out["index_range"] = self.index_range.to_dict()
+        if self.sizes:
+            out["sizes"] = [list(s) for s in self.sizes]
         return out
 
     @classmethod
@@ -64,6 +68,7 @@ class InputSpec:
             None if shape is None else tuple(shape),
             str(data["dtype"]),
             IndexRange.from_dict(rng) if rng else None,
+            tuple((str(n), lo, hi) for n, lo, hi in data.get("sizes", ())),
         )
 
 
@@ -117,6 +122,16 @@ def _check_shape(spec: InputSpec, arr: np.ndarray, bound: dict[str, int]) -> Non
                 f"input {spec.name}: symbolic dim {dim} is {size} here but {bound[dim]} in an "
                 "earlier input"
             )
+    for axis, (dim, size) in enumerate(zip(spec.shape, arr.shape)):
+        for name, low, high in spec.sizes:
+            if dim == name and not (
+                (low is None or size >= low) and (high is None or size <= high)
+            ):
+                raise InputError(
+                    f"input {spec.name}: axis {axis} ({name}) is {size}, but the model was "
+                    f"compiled for {name} in {low if low is not None else 0}.."
+                    f"{high if high is not None else 'any'} (the Dim's min and max at export)"
+                )
 
 
 def _check_range(spec: InputSpec, arr: np.ndarray) -> None:

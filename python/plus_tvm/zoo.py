@@ -693,6 +693,7 @@ def export_onnx(
     path: str | os.PathLike[str],
     seed: int = 0,
     dynamic_batch: bool = False,
+    max_seq_len: int | None = None,
 ) -> str:
     """Export a zoo model to a self-contained ONNX file with ``torch.onnx.export``.
 
@@ -706,6 +707,9 @@ def export_onnx(
         Seed of the weights.
     dynamic_batch : bool
         Make dimension 0 of every input (and so of the output) symbolic, named ``batch``.
+    max_seq_len : int, optional
+        Make the sequence axis of the token inputs symbolic, ``1..max_seq_len`` (not with
+        ``dynamic_batch``).
 
     Returns
     -------
@@ -722,6 +726,11 @@ def export_onnx(
         # torch.export specialises a dimension of size 1 to a constant (and transformers' mask
         # code then bakes it in), so trace with batch 2.
         args = tuple(torch.cat([a, a]) for a in args)
+    elif max_seq_len is not None:
+        from .dynamic_sequence import sequence_dims
+
+        dims = sequence_dims(args, max_seq_len)
+        dynamic_shapes = {n: d for n, d in zip(entry.input_names(), dims)}
     path = os.fspath(path)
     with torch.no_grad(), _quiet_loggers(_NOISY_EXPORT_LOGGERS):
         # The dynamo exporter (torch.export + onnxscript) is the maintained path and handles

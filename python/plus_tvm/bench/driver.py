@@ -17,6 +17,12 @@ A block's runs go back to back, as a user's steady loop does. Each backend has a
 backend whose runs are slow is timed a few times and reported, not waited on. Every backend's
 first output is compared with the reference (torch eager where the model is a torch model, else
 ONNX Runtime). Peak resident memory is measured per worker over the timed runs.
+
+With ``seq_lengths`` (a text model), plus (and tvm, and the variants) is compiled once with a
+symbolic sequence length bounded by the largest length (:mod:`plus_tvm.dynamic_sequence`), the
+ONNX model is exported with a dynamic sequence axis, and the whole measurement (fresh workers,
+interleaved blocks, reference check) runs once per length on inputs of that length; the result
+holds one summary per length under ``"lengths"``.
 """
 
 from __future__ import annotations
@@ -193,6 +199,7 @@ class Bench:
         budget_s: float = 60.0,
         progress: bool = True,
         log: Callable[[str], None] | None = None,
+        seq_lengths: Sequence[int] | None = None,
     ) -> None:
         unknown = [b for b in backends if b not in BACKENDS and not b.startswith("plus:")]
         if unknown:
@@ -215,6 +222,9 @@ class Bench:
             raise BenchError(f"budget must be a positive number of seconds, got {budget_s!r}")
         self.runs = int(runs)
         self.warmup = int(warmup)
+        for length in seq_lengths or ():
+            _check_count("a sequence length", length, 1)
+        self.seq_lengths = tuple(int(n) for n in seq_lengths) if seq_lengths else ()
         self.budget_s = float(budget_s)
         self.progress = progress
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -294,16 +304,21 @@ class Bench:
                 self.log("[bench] exporting to ONNX for onnxruntime")
                 with zoo.quiet_export_loggers():
                     entry = self.loaded.extra.get("zoo_entry")
+                    max_len = max(self.seq_lengths) if self.seq_lengths else None
                     if entry is not None:
-                        zoo.export_onnx(entry, path)
+                        zoo.export_onnx(entry, path, max_seq_len=max_len)
                     else:
                         import torch
 
+                        from ..dynamic_sequence import sequence_dims
+
+                        args = tuple(self.loaded.example_inputs)
                         torch.onnx.export(
                             self.loaded.torch_module,
-                            tuple(self.loaded.example_inputs),
+                            args,
                             path,
                             dynamo=True,
+                            dynamic_shapes=sequence_dims(args, max_len) if max_len else None,
                         )
         except Exception as err:
             b.status = f"failed: {_short(err)}"
@@ -370,27 +385,59 @@ class Bench:
         with tempfile.TemporaryDirectory(prefix="plus-bench-") as workdir:
             self.log(f"[bench] importing {self.model}")
             self.loaded = load_model(self.model)
+            if self.seq_lengths:
+                from ..dynamic_sequence import load_dynamic_sequence
+
+                self.log(f"[bench] sequence length symbolic, 1..{max(self.seq_lengths)}")
+                self.loaded = load_dynamic_sequence(self.loaded, max(self.seq_lengths))
             backends = {n: Backend(n) for n in self.names}
             self._compile(backends, workdir)
             self._save_torch(backends, workdir)
             if "onnxruntime" in backends:
                 self._save_onnx(backends["onnxruntime"], workdir)
-            inputs_path = os.path.join(workdir, "inputs.npz")
-            np.savez(inputs_path, *self.inputs)
-            ordered = [backends[n] for n in self.names]
-            try:
-                for b in ordered:
-                    if b.status == "ok":
-                        self._start(b, workdir, inputs_path)
-                self._time(ordered)
-                for b in ordered:
-                    self._finish(b)
-            finally:  # interrupted or failed: no worker outlives the bench
-                for b in ordered:
-                    if b.worker is not None:
-                        b.worker.kill()
-                        b.worker.close()
-                        b.worker = None
+            if not self.seq_lengths:
+                return self._measure([backends[n] for n in self.names], workdir)
+            return self._per_length(backends, workdir)
+
+    def _per_length(self, backends: dict[str, Backend], workdir: str) -> dict:
+        """The measurement once per sequence length, with the same compiled artifacts."""
+        from ..dynamic_sequence import inputs_at
+
+        summaries = {}
+        for length in self.seq_lengths:
+            self.log(f"[bench] sequence length {length}")
+            self.inputs = inputs_at(self.loaded.example_inputs, length)
+            fresh = [
+                Backend(b.name, b.kind, b.artifact, b.status, kernels=b.kernels, setup_s=b.setup_s)
+                for b in (backends[n] for n in self.names)
+            ]
+            summaries[str(length)] = self._measure(fresh, os.path.join(workdir, f"L{length}"))
+        first = summaries[str(self.seq_lengths[0])]
+        invalid = [f"length {n}: {p}" for n, s in summaries.items() for p in s["invalid"]]
+        return {
+            **{k: first[k] for k in ("model", "target", "reference", "environment", "stats")},
+            "invalid": invalid,
+            "lengths": summaries,
+        }
+
+    def _measure(self, ordered: list[Backend], workdir: str) -> dict:
+        """Start the workers on ``self.inputs``, time them interleaved, and summarise."""
+        os.makedirs(workdir, exist_ok=True)
+        inputs_path = os.path.join(workdir, "inputs.npz")
+        np.savez(inputs_path, *self.inputs)
+        try:
+            for b in ordered:
+                if b.status == "ok":
+                    self._start(b, workdir, inputs_path)
+            self._time(ordered)
+            for b in ordered:
+                self._finish(b)
+        finally:  # interrupted or failed: no worker outlives the bench
+            for b in ordered:
+                if b.worker is not None:
+                    b.worker.kill()
+                    b.worker.close()
+                    b.worker = None
         return self._summary(ordered)
 
     def _time(self, backends: list[Backend]) -> None:

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 
 def format_table(result: dict) -> str:
-    """The result as an aligned text table (one row per backend)."""
+    """The result as an aligned text table (one row per backend; one table per sequence
+    length for a result of ``seq_lengths``)."""
+    if "lengths" in result:
+        parts = [
+            f"sequence length {length} (one compile of plus for every length)\n"
+            + _one_table(summary)
+            for length, summary in result["lengths"].items()
+        ]
+        return "\n\n".join(parts)
+    return _one_table(result)
+
+
+def _one_table(result: dict) -> str:
     header = (
         f"{'backend':<14}{'median ms':>12}{'runs':>6}{'plus speedup':>14}{'max abs err':>13}"
         f"{'kernels':>9}{'peak MB':>9}{'model MB':>10}  status"
@@ -47,11 +59,15 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: str) -> str:
-    """Bar chart of the medians (log scale) with plus's speedup over each peer."""
+    """Bar chart of the medians (log scale) with plus's speedup over each peer; for a result of
+    ``seq_lengths``, each backend's median against the sequence length."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    if "lengths" in result:
+        return _plot_lengths(result, path, plt)
 
     names = [n for n, e in result["backends"].items() if e["median_ms"] is not None]
     values = [result["backends"][n]["median_ms"] for n in names]
@@ -70,6 +86,27 @@ def plot(result: dict, path: str) -> str:
             va="bottom",
             fontsize=8,
         )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_lengths(result: dict, path: str, plt) -> str:
+    lengths = [int(n) for n in result["lengths"]]
+    names = list(next(iter(result["lengths"].values()))["backends"])
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name in names:
+        values = [result["lengths"][str(n)]["backends"][name]["median_ms"] for n in lengths]
+        points = [(n, v) for n, v in zip(lengths, values) if v is not None]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=name, lw=2.5 if name == "plus" else 1.2)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("median latency (ms, log)")
+    ax.set_title(f"{result['model']} on {result['target']}, one plus compile")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

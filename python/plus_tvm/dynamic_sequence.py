@@ -1,0 +1,90 @@
+"""A text model with a symbolic sequence length: one compile for every length up to a bound.
+
+The Relax paper's point is that shapes stay symbolic end to end. For a torch text model this
+means exporting with a ``torch.export.Dim`` on axis 1 of its token inputs (ids, attention
+masks, token types: the integer inputs of rank 2 or more); the importer turns it into a
+Relax shape variable bounded by the ``Dim``'s ``min`` and ``max`` (which memory planning and
+:class:`~plus_tvm.passes.ProveSlicesInbound` use). :func:`sequence_dims` builds the
+``dynamic_shapes`` argument, :func:`load_dynamic_sequence` re-imports a loaded torch model
+that way, and :func:`inputs_at` makes inputs of another length from the example inputs.
+
+    from plus_tvm.dynamic_sequence import load_dynamic_sequence, inputs_at
+    loaded = load_dynamic_sequence(plus_tvm.loader.load_model("zoo:bert-base"), max_len=512)
+    cm = plus_tvm.compile(loaded)
+    cm(*inputs_at(loaded.example_inputs, 17))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import ModelLoadError
+from .frontend import export_torch
+from .loader import LoadedModel, load_model
+
+SEQUENCE_AXIS = 1
+DIM_NAME = "seq"
+
+
+def is_sequence_input(x: object) -> bool:
+    """An integer tensor of rank 2 or more: token ids, an attention mask, token types."""
+    shape = getattr(x, "shape", ())
+    dtype = str(getattr(x, "dtype", ""))
+    return len(shape) > SEQUENCE_AXIS and ("int" in dtype or "bool" in dtype)
+
+
+def sequence_dims(example_inputs: Sequence[object], max_len: int, min_len: int = 1) -> tuple:
+    """``dynamic_shapes`` for ``torch.export``: one ``Dim`` on axis 1 of every sequence input
+    (the same ``Dim`` for all of them), ``None`` for the others."""
+    import torch
+
+    if not 1 <= min_len <= max_len:
+        raise ModelLoadError(f"sequence lengths {min_len}..{max_len}: need 1 <= min <= max")
+    seq = torch.export.Dim(DIM_NAME, min=min_len, max=max_len)
+    dims = tuple({SEQUENCE_AXIS: seq} if is_sequence_input(x) else None for x in example_inputs)
+    if not any(d is not None for d in dims):
+        raise ModelLoadError(
+            "no sequence input: a dynamic sequence length needs an integer input of rank 2 or "
+            f"more (token ids); the inputs are {[tuple(x.shape) for x in example_inputs]}"
+        )
+    return dims
+
+
+def load_dynamic_sequence(loaded: LoadedModel, max_len: int, min_len: int = 1) -> LoadedModel:
+    """``loaded`` (a torch or zoo model) exported again with a symbolic sequence length."""
+    if loaded.torch_module is None or loaded.example_inputs is None:
+        raise ModelLoadError(
+            f"{loaded.name}: a dynamic sequence length needs the torch module and its example "
+            "inputs (a torch or zoo model)"
+        )
+    args = tuple(loaded.example_inputs)
+    dims = sequence_dims(args, max_len, min_len)
+    program = export_torch(loaded.torch_module, args, dynamic_shapes=dims)
+    dynamic = load_model(program)
+    return dataclasses.replace(
+        dynamic,
+        name=loaded.name,
+        torch_module=loaded.torch_module,
+        example_inputs=loaded.example_inputs,
+        source=loaded.source,
+        extra={**loaded.extra, "max_seq_len": max_len},
+    )
+
+
+def inputs_at(example_inputs: Sequence[object], length: int, seed: int = 0) -> tuple:
+    """The example inputs at sequence length ``length`` (numpy arrays): sequence inputs are
+    drawn from their own example values (valid token ids; a mask of ones stays ones), the other
+    inputs are kept."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for x in example_inputs:
+        arr = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+        if is_sequence_input(arr):
+            shape = list(arr.shape)
+            shape[SEQUENCE_AXIS] = length
+            arr = rng.choice(arr.reshape(-1), size=shape).astype(arr.dtype)
+        out.append(np.ascontiguousarray(arr))
+    return tuple(out)
