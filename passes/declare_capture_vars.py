@@ -18,17 +18,9 @@ import tvm
 from tvm import relax
 
 from ._dataflow_rewrite import map_functions
+from ._symbolic_bounds import lower_bounds, upper_bounds
 
 CAPTURE_ATTR = "relax.rewrite_cuda_graph.capture_symbolic_vars"
-UPPER_ATTR = "tir_var_upper_bound"
-LOWER_ATTR = "tir_var_lower_bound"
-
-
-def _bounds(func: relax.Function, key: str) -> dict[str, int]:
-    attrs = func.attrs
-    if attrs is None or key not in attrs:
-        return {}
-    return {str(name): int(value) for name, value in attrs[key].items()}
 
 
 @tvm.transform.module_pass(opt_level=0, name="DeclareCaptureVars")
@@ -52,10 +44,10 @@ class DeclareCaptureVars:
         return func if names is None else func.with_attr(CAPTURE_ATTR, names)
 
     def _declared(self, func: relax.Function) -> list[str] | None:
-        upper = _bounds(func, UPPER_ATTR)
+        upper = upper_bounds(func)
         if not upper or self.max_sizes <= 0:
             return None
-        lower = _bounds(func, LOWER_ATTR)
+        lower = lower_bounds(func)
         have = [str(n) for n in (func.attrs.get(CAPTURE_ATTR) or [])]
         new = [
             name

@@ -20,11 +20,12 @@ from collections import Counter
 import tvm
 from tvm import relax
 
-from ..costmodel import DispatchCost, predict_library_us, predict_tir_us, work_of
+from ..costmodel import DispatchCost, predict_library_us, predict_tir_us, size_value, work_of
 from ..dispatch.binders import BINDERS, Ctx, LibraryCall
 from ..dispatch.identify import Identifier
 from ..dispatch.opgraph import OpGraph
 from ..runtime.native import runs_natively
+from ._symbolic_bounds import typical_sizes
 
 
 @tvm.transform.module_pass(opt_level=0, name="PlusDispatch")
@@ -116,6 +117,8 @@ def _weights(func: relax.Function) -> set[int]:
 
 def _rewrite_function(func, mod, warehouse, kind, cost, report, cache, nan):  # noqa: ANN001, ANN202
     weights = _weights(func)
+    if cost is not None:  # symbolic sizes priced at the middle of their declared range
+        cost = cost.at_sizes(typical_sizes(func))
     body = func.body
     if not isinstance(body, relax.SeqExpr):
         return func
@@ -241,18 +244,20 @@ def _choose(match, ctx, graph, kind, cost, report):  # noqa: ANN001, ANN202
 
 
 def _library_pays(call: LibraryCall, match, cost: DispatchCost, kind: str) -> bool:  # noqa: ANN001
-    flops = work_of(match.graph)
+    sizes = dict(cost.sizes)
+    flops = work_of(match.graph, sizes)
     if flops is None:
-        return True  # symbolic sizes: sized at run time, assume large
+        return True  # symbolic sizes without a declared range: sized at run time, assume large
     nbytes = 0.0
     for arg in call.args:
         ty = arg.ty
         if isinstance(ty, relax.TensorType) and ty.shape is not None:
             n = 1
             for d in ty.shape.values:
-                if not isinstance(d, tvm.tirx.IntImm):
+                size = size_value(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d), sizes)
+                if size is None:
                     return True
-                n *= int(d)
+                n *= size
             nbytes += n * tvm.runtime.DataType(str(ty.dtype)).bits / 8
     native = kind == "llvm" and runs_natively(call.kernel, call.config)
     return predict_library_us(cost, flops, nbytes, native) < predict_tir_us(cost, flops, nbytes)

@@ -27,9 +27,7 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ._dataflow_rewrite import map_functions, op_name
-
-LOWER_BOUND_ATTR = "tir_var_lower_bound"
-UPPER_BOUND_ATTR = "tir_var_upper_bound"
+from ._symbolic_bounds import lower_bounds, upper_bounds
 
 
 @tvm.transform.module_pass(opt_level=0, name="ProveSlicesInbound")
@@ -60,8 +58,8 @@ def _per_function(func: relax.Function) -> relax.Function:
 
 def _bounded_analyzer(func: relax.Function) -> tvm.sym.Analyzer:
     """An analyzer that knows each symbolic dimension's range from the function's bounds."""
-    lower = _bounds(func, LOWER_BOUND_ATTR)
-    upper = _bounds(func, UPPER_BOUND_ATTR)
+    lower = lower_bounds(func)
+    upper = upper_bounds(func)
     analyzer = tvm.sym.Analyzer()
     for var in relax.analysis.defined_symbolic_vars(func):
         lo = max(lower.get(var.name, 0), 0)  # a dimension is never negative
@@ -69,11 +67,6 @@ def _bounded_analyzer(func: relax.Function) -> tvm.sym.Analyzer:
         bound = tvm.sym.ConstIntBound(lo, hi if hi is not None else tvm.sym.ConstIntBound.POS_INF)
         analyzer.update(var, bound, override=True)
     return analyzer
-
-
-def _bounds(func: relax.Function, attr: str) -> dict[str, int]:
-    table = func.attrs.get(attr) if func.attrs is not None else None
-    return {str(k): int(v) for k, v in table.items()} if table is not None else {}
 
 
 @mutator

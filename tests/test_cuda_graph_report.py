@@ -85,9 +85,10 @@ def _dynamic_mlp(upper: int | None = None) -> tvm.IRModule:
     if upper is not None:
         attrs["tir_var_upper_bound"] = {"n": upper}
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((n, 32), "float32"))
-    w1 = relax.Var("w1", relax.TensorType((32, 32), "float32"))
-    w2 = relax.Var("w2", relax.TensorType((32, 8), "float32"))
+    # wide enough that both GEMMs are library calls at the size a bounded n is priced at
+    x = relax.Var("x", relax.TensorType((n, 256), "float32"))
+    w1 = relax.Var("w1", relax.TensorType((256, 256), "float32"))
+    w2 = relax.Var("w2", relax.TensorType((256, 64), "float32"))
     with bb.function("main", [x, w1, w2], attrs=attrs):
         with bb.dataflow():
             h = bb.emit(relax.op.nn.relu(relax.op.matmul(x, w1)))

@@ -169,3 +169,44 @@ def test_a_model_without_token_inputs_has_no_sequence_axis():
 
     with pytest.raises(ModelLoadError, match="no sequence input"):
         sequence_dims((torch.randn(1, 3, 8, 8),), 64)
+
+
+# ---------------------------------------------------------- pricing symbolic sizes
+def test_size_value_evaluates_symbolic_sizes():
+    from plus_tvm.costmodel import size_value
+
+    assert size_value(7, {}) == 7
+    assert size_value("4*s70*16", {"s70": 23}) == 4 * 23 * 16
+    assert size_value("(s + 1) // 2", {"s": 9}) == 5
+    assert size_value("s1*s2", {"s1": 2}) is None  # s2 has no price
+    assert size_value("T.min(s, 4)", {"s": 2}) is None  # not plain arithmetic
+    assert size_value("s // 0", {"s": 2}) is None
+
+
+@pytest.mark.parametrize(
+    "low, high, library",
+    [(1, 512, False), (256, 512, True)],
+    ids=["short-priced-tir", "long-priced-library"],
+)
+def test_symbolic_sizes_are_priced_inside_their_declared_range(low, high, library):
+    """A LayerNorm over a symbolic sequence is priced at the geometric middle of the Dim's
+    range: 1..512 is priced at 23 rows (a library call's crossing costs more than the TIR
+    kernel), 256..512 at 362 rows (the library pays); before, every symbolic size was assumed
+    large."""
+    from plus_tvm.passes._symbolic_bounds import typical_sizes
+
+    class Norm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(512)
+
+        def forward(self, x):
+            return self.norm(x)
+
+    seq = torch.export.Dim("seq", min=low, max=high)
+    x = torch.randn(1, max(low, 300), 512)
+    mod, params = plus_tvm.from_torch(Norm().eval(), (x,), dynamic_shapes=({1: seq},))
+    (name,) = typical_sizes(mod["main"])
+    assert typical_sizes(mod["main"])[name] == round((low * high) ** 0.5)
+    stats = plus_tvm.inspect((mod, params))
+    assert (stats["library_calls"] > 0) == library, stats["dispatch"]

@@ -69,20 +69,13 @@ def input_specs(mod: tvm.IRModule) -> list[InputSpec]:
 
 
 def _symbolic_sizes(main: relax.Function, dims: tuple | None) -> tuple:
-    """``(name, low, high)`` of each bare symbolic dim in ``dims`` that ``main`` bounds
-    (``tir_var_lower_bound`` / ``tir_var_upper_bound``, from a ``Dim``'s min and max); a bound
-    it does not give is None."""
-    tables = [
-        {str(k): int(v) for k, v in (main.attrs.get(attr) or {}).items()}
-        if main.attrs is not None
-        else {}
-        for attr in ("tir_var_lower_bound", "tir_var_upper_bound")
-    ]
-    out = []
-    for d in dims or ():
-        if isinstance(d, str) and d not in [n for n, _, _ in out] and any(d in t for t in tables):
-            out.append((d, tables[0].get(d), tables[1].get(d)))
-    return tuple(out)
+    """``(name, low, high)`` of each bare symbolic dim in ``dims`` that ``main`` bounds (from a
+    ``Dim``'s min and max); a bound it does not give is None."""
+    from .passes._symbolic_bounds import lower_bounds, upper_bounds
+
+    lower, upper = lower_bounds(main), upper_bounds(main)
+    named = dict.fromkeys(d for d in dims or () if isinstance(d, str))
+    return tuple((d, lower.get(d), upper.get(d)) for d in named if d in lower or d in upper)
 
 
 _PRE_LOWERING = PHASE_NAMES[:4]

@@ -11,20 +11,60 @@ tiny GEMMs, where the crossing dominates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ast
+import dataclasses
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..plusgraph import PlusGraph, PlusLoop
 
+_ARITH = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
 
-def work_of(graph: PlusGraph) -> float | None:
-    """Flops of the ``dot`` loops of ``graph``; None when a size is symbolic."""
+
+def size_value(size: int | str, values: Mapping[str, int]) -> int | None:
+    """A +Loop or tensor size (an int, or a symbolic expression as text: ``4*s70*16``) with
+    the symbolic sizes in ``values`` put in; None when it names another or is not plain
+    integer arithmetic."""
+    if isinstance(size, int):
+        return size
+    try:
+        tree = ast.parse(str(size).replace(" ", ""), mode="eval").body
+    except SyntaxError:
+        return None
+
+    def value(node: ast.AST) -> int | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return values.get(node.id)
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
+            a, b = value(node.left), value(node.right)
+            if a is None or b is None or (b == 0 and type(node.op) in (ast.FloorDiv, ast.Mod)):
+                return None
+            return _ARITH[type(node.op)](a, b)
+        return None
+
+    return value(tree)
+
+
+def work_of(graph: PlusGraph, sizes: Mapping[str, int] | None = None) -> float | None:
+    """Flops of the ``dot`` loops of ``graph``, symbolic sizes taken from ``sizes``; None when
+    a size is symbolic and not in ``sizes``."""
     total = 0.0
 
     def walk(loop: PlusLoop, extent: float) -> bool:
         nonlocal total
-        if not isinstance(loop.size, int):
+        size = size_value(loop.size, sizes or {})
+        if size is None:
             return False
-        extent *= loop.size
+        extent *= size
         if "dot" in loop.ops:
             total += 2.0 * extent
         return all(walk(c, extent) for c in loop.children)
@@ -50,6 +90,13 @@ class DispatchCost:
     tir_gbps: float = 1.0  # unscheduled TIR row kernels; GIR schedules reach ~10
     # a TIR kernel's own launch: the VM's call, TVM's thread pool waking (2 cores: 2-4 us)
     tir_overhead_us: float = 2.0
+    # the size each symbolic dimension is priced at (see ``at_sizes``); unpriced symbolic
+    # subgraphs are assumed large (library)
+    sizes: tuple[tuple[str, int], ...] = field(default=())
+
+    def at_sizes(self, sizes: Mapping[str, int]) -> DispatchCost:
+        """The same figures, pricing symbolic dimensions at ``sizes``."""
+        return dataclasses.replace(self, sizes=tuple(sorted(sizes.items())))
 
 
 def predict_library_us(
