@@ -7,7 +7,9 @@ instruments (IR dumps, timing) see phase boundaries.
 
 Phase contents today (later work replaces phases one by one, and says so here):
 
-1. dispatch  - ``WrapTakeIndices`` (no gather reads outside its table), ``GlobalPoolToMean``,
+1. dispatch  - ``ProveSlicesInbound`` (symbolic slices without clamps their bounds rule
+               out), ``FoldStaticSubgraphs``, ``WrapTakeIndices`` (no gather reads outside
+               its table), ``GlobalPoolToMean``,
                ``SimplifyViews``, ``FoldPadIntoConv``, ``ConvertToChannelsLast`` (CPU:
                convolutions and what lies between them in NHWC); ``PlusDispatch``
                (PluS +Graph matching, warehouse library calls) when
