@@ -5,6 +5,11 @@ attention head split; once library calls take the surrounding operators, such ch
 between kernels. A single reshape lowers to a view (``RewriteDataflowReshape``), but a fused
 chain of them becomes a copy kernel, so the chain is folded into one reshape of its source and
 an identity broadcast (or a pad of zero widths) into its input.
+
+Chains of ``permute_dims`` that cancel out disappear: torch's SDPA decomposition returns the
+attention output through three transposes (``[2, 0, 1, 3]``, ``[1, 2, 0, 3]``, ``[0, 2, 1, 3]``)
+of which the first two cancel, leaving the single ``[0, 2, 1, 3]`` the attention entry takes as
+its output layout (before, a copy kernel per layer).
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ def _simplify(binding: relax.VarBinding, source: dict, bb: relax.BlockBuilder) -
         value.args[0], binding.var
     ):
         return value.args[0]
+    if op == "relax.permute_dims":
+        return _composed_permute(binding, value, source, bb)
     if op != "relax.reshape":
         return None
     inner = value.args[0]
@@ -64,3 +71,33 @@ def _simplify(binding: relax.VarBinding, source: dict, bb: relax.BlockBuilder) -
     if src is None:
         return None
     return bb.normalize(relax.op.reshape(src, value.args[1]))
+
+
+_PERMUTED = "permuted"  # key of the state: permute_dims var -> (its source, axes from the source)
+
+
+def _composed_permute(
+    binding: relax.VarBinding, value: relax.Call, state: dict, bb: relax.BlockBuilder
+) -> relax.Expr | None:
+    """``permute_dims(...permute_dims(x, p)..., q)`` whose composition is the identity -> ``x``
+    (a lone identity permutation too); later permutations of the chain then read ``x``."""
+    rank = len(value.args[0].ty.shape.values) if _has_shape(value.args[0]) else None
+    if rank is None:
+        return None
+    axes = value.attrs.axes
+    own = list(range(rank))[::-1] if axes is None else [int(a) % rank for a in axes]
+    permuted = state.setdefault(_PERMUTED, {})
+    inner = value.args[0]
+    earlier = permuted.get(inner.id_) if isinstance(inner, relax.Var) else None
+    src, axes_from_src = (
+        (inner, own) if earlier is None else (earlier[0], [earlier[1][a] for a in own])
+    )
+    permuted[binding.var.id_] = (src, axes_from_src)
+    # only a chain that cancels out is rewritten: a composed non-identity permutation would
+    # hide the two-step forms the binders read (k^T as a head split then a transpose)
+    return src if axes_from_src == list(range(rank)) else None
+
+
+def _has_shape(expr: relax.Expr) -> bool:
+    shape = getattr(expr.ty, "shape", None)
+    return shape is not None and hasattr(shape, "values")

@@ -83,3 +83,40 @@ def test_reshape_chains_fold_into_one_reshape():
     assert _ops(relax.transform.DeadCodeElimination()(out)).count("relax.reshape") == 1
     x = np.random.default_rng(1).standard_normal([2, 3, 4, 4]).astype("float32")
     np.testing.assert_array_equal(_run(out, x), _run(mod, x))
+
+
+def _permutes(out) -> list[list[int]]:
+    out = relax.transform.DeadCodeElimination()(out)
+    return [
+        [int(a) for a in b.value.attrs.axes]
+        for blk in out["main"].body.blocks
+        for b in blk.bindings
+        if isinstance(b.value, relax.Call)
+        and isinstance(b.value.op, tvm.ir.Op)
+        and b.value.op.name == "relax.permute_dims"
+    ]
+
+
+@pytest.mark.parametrize(
+    "chain, left",
+    [
+        # torch's SDPA output: the first two cancel, the head merge stays
+        ([[2, 0, 1, 3], [1, 2, 0, 3], [0, 2, 1, 3]], [[0, 2, 1, 3]]),
+        ([[0, 2, 1, 3], [0, 2, 1, 3]], []),  # a transpose undone
+        ([[0, 1, 2, 3]], []),  # a lone identity
+        # a head split then k^T (eager attention): kept as the binders read it
+        ([[0, 2, 1, 3], [0, 1, 3, 2]], [[0, 2, 1, 3], [0, 1, 3, 2]]),
+    ],
+    ids=["sdpa-output", "undone", "identity", "head-split-then-kT"],
+)
+def test_permute_chains_that_cancel_disappear(chain, left):
+    def permutes(bb, y):
+        for axes in chain:
+            y = bb.emit(relax.op.permute_dims(y, axes))
+        return y
+
+    mod = _module(permutes)
+    out = SimplifyViews()(mod)
+    assert _permutes(out) == left
+    x = np.random.default_rng(2).standard_normal([2, 3, 4, 4]).astype("float32")
+    np.testing.assert_array_equal(_run(out, x), _run(mod, x))

@@ -327,8 +327,12 @@ def names() -> list[str]:
     return list(ENTRIES)
 
 
-def load(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """The model (eval mode, random weights from ``seed``) and example inputs of ``name``."""
+def load(
+    name: str, seed: int = 0, attention: str | None = None
+) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The model (eval mode, random weights from ``seed``) and example inputs of ``name``;
+    ``attention`` picks transformers' attention implementation (``"eager"``, ``"sdpa"``;
+    default: transformers' own default, SDPA where the model supports it)."""
     if name not in ENTRIES:
         raise UnknownModelError(f"unknown suite architecture {name!r}; known: {', '.join(ENTRIES)}")
     import transformers
@@ -336,6 +340,8 @@ def load(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]
     entry = ENTRIES[name]
     torch.manual_seed(seed)
     config = getattr(transformers, entry["config"])(**entry["fields"])
+    if attention is not None:
+        config._attn_implementation = attention
     model = _FirstOutput(getattr(transformers, entry["model"])(config), entry["kind"]).eval()
     inputs = inputs_of(entry, seed)
     if entry["kind"] == "image":  # random BatchNorm statistics let the activations vanish

@@ -62,7 +62,14 @@ def load_dynamic_sequence(loaded: LoadedModel, max_len: int, min_len: int = 1) -
         )
     args = tuple(loaded.example_inputs)
     dims = sequence_dims(args, max_len, min_len)
-    program = export_torch(loaded.torch_module, args, dynamic_shapes=dims)
+    try:
+        program = export_torch(loaded.torch_module, args, dynamic_shapes=dims)
+    except ModelLoadError as err:
+        raise ModelLoadError(
+            f"{loaded.name}: no symbolic sequence length {min_len}..{max_len}: {err} (the model "
+            "may not accept every length in that range, e.g. a position table shorter than "
+            f"{max_len}: try a smaller maximum)"
+        ) from err
     dynamic = load_model(program)
     return dataclasses.replace(
         dynamic,
