@@ -9,6 +9,7 @@ from .dp_fuse_ops import DPFuseOps
 from .expand_integer_power import ExpandIntegerPower
 from .fold_pad_into_conv import FoldPadIntoConv
 from .fold_static_subgraphs import FoldStaticSubgraphs
+from .full_as_broadcast import FullAsBroadcast
 from .global_pool_to_mean import GlobalPoolToMean
 from .merge_sibling_linears import MergeSiblingLinears
 from .plus_dispatch import PlusDispatch
@@ -33,6 +34,7 @@ __all__ = [
     "ExpandIntegerPower",
     "FoldPadIntoConv",
     "FoldStaticSubgraphs",
+    "FullAsBroadcast",
     "GlobalPoolToMean",
     "MergeSiblingLinears",
     "PlusDispatch",

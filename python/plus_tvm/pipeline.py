@@ -8,7 +8,8 @@ instruments (IR dumps, timing) see phase boundaries.
 Phase contents today (later work replaces phases one by one, and says so here):
 
 1. dispatch  - ``ProveSlicesInbound`` (symbolic slices without clamps their bounds rule
-               out), ``FoldStaticSubgraphs``, ``WrapTakeIndices`` (no gather reads outside
+               out), ``FullAsBroadcast`` (TVM cannot legalize ``full``),
+               ``FoldStaticSubgraphs``, ``WrapTakeIndices`` (no gather reads outside
                its table), ``GlobalPoolToMean``,
                ``SimplifyViews``, ``FoldPadIntoConv``, ``ConvertToChannelsLast`` (CPU:
                convolutions and what lies between them in NHWC); ``PlusDispatch``
@@ -63,6 +64,7 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         ConvertToChannelsLast,
         FoldPadIntoConv,
         FoldStaticSubgraphs,
+        FullAsBroadcast,
         GlobalPoolToMean,
         ProveSlicesInbound,
         SimplifyViews,
@@ -75,7 +77,8 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     # input-independent chains (masks and position tables from arange) computed once here
     # slices of a symbolic length (torch.export's Dim) without clamps their bounds rule out:
     # shapes built from them stay known (first: the folding and views need them)
-    passes: list[tvm.transform.Pass] = [ProveSlicesInbound()]
+    # full() as a broadcast of its value: TVM's legalization of full() fails (its dtype)
+    passes: list[tvm.transform.Pass] = [ProveSlicesInbound(), FullAsBroadcast()]
     if options.fold_constants:
         passes.append(FoldStaticSubgraphs())
     passes += [
