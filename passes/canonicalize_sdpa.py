@@ -164,31 +164,46 @@ def _scalar(expr: relax.Expr) -> float | None:
 
 
 def _unscale(expr: relax.Expr, value_of: dict, uses: dict) -> tuple[float | None, relax.Expr]:
-    """(factor, unscaled operand): a scalar multiply / divide behind views, each used once;
-    (None, ``expr``) when there is none."""
-    chain = []
+    """(factor, unscaled operand): the scalar multiplies / divides behind views, each used
+    once, all of them (OPT scales q itself, then SDPA scales it by ``sqrt(1)`` again); (None,
+    ``expr``) when there is none."""
+    chain: list[relax.Call] = []  # the views, outermost first
+    factor = None
     cur = expr
-    while (
-        isinstance(cur, relax.Var)
-        and uses.get(cur, 0) == 1
-        and op_name(value_of.get(cur)) in _VIEWS
-    ):
-        chain.append(value_of[cur])
-        cur = value_of[cur].args[0]
-    inner = value_of.get(cur)
-    if not (isinstance(cur, relax.Var) and uses.get(cur, 0) == 1):
+    while True:
+        while (
+            isinstance(cur, relax.Var)
+            and uses.get(cur, 0) == 1
+            and op_name(value_of.get(cur)) in _VIEWS
+        ):
+            chain.append(value_of[cur])
+            cur = value_of[cur].args[0]
+        found = _scalar_factor(cur, value_of, uses)
+        if found is None:
+            break
+        c, cur = found
+        factor = c if factor is None else factor * c
+    if factor is None:
         return None, expr
+    return factor, _replay(chain, cur)
+
+
+def _scalar_factor(expr: relax.Expr, value_of: dict, uses: dict) -> tuple[float, relax.Expr] | None:
+    """(c, x) when ``expr``, used once, is ``x * c``, ``c * x`` or ``x / c``."""
+    if not (isinstance(expr, relax.Var) and uses.get(expr, 0) == 1):
+        return None
+    inner = value_of.get(expr)
     op = op_name(inner)
     if op == "relax.multiply":
         for i in (0, 1):
             c = _scalar(inner.args[1 - i])
             if c is not None:
-                return c, _replay(chain, inner.args[i])
+                return c, inner.args[i]
     if op == "relax.divide":
         c = _scalar(inner.args[1])
         if c is not None:
-            return 1.0 / c, _replay(chain, inner.args[0])
-    return None, expr
+            return 1.0 / c, inner.args[0]
+    return None
 
 
 def _replay(chain: list[relax.Call], source: relax.Expr) -> relax.Expr:

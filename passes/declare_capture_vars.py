@@ -17,8 +17,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ..symbolic_bounds import lower_bounds, upper_bounds
 from ._dataflow_rewrite import map_functions
-from ._symbolic_bounds import lower_bounds, upper_bounds
 
 CAPTURE_ATTR = "relax.rewrite_cuda_graph.capture_symbolic_vars"
 

@@ -25,7 +25,7 @@ from ..dispatch.binders import BINDERS, Ctx, LibraryCall
 from ..dispatch.identify import Identifier
 from ..dispatch.opgraph import OpGraph
 from ..runtime.native import runs_natively
-from ._symbolic_bounds import typical_sizes
+from ..symbolic_bounds import typical_sizes
 
 
 @tvm.transform.module_pass(opt_level=0, name="PlusDispatch")

@@ -26,8 +26,8 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from ..symbolic_bounds import lower_bounds, upper_bounds
 from ._dataflow_rewrite import map_functions, op_name
-from ._symbolic_bounds import lower_bounds, upper_bounds
 
 
 @tvm.transform.module_pass(opt_level=0, name="ProveSlicesInbound")

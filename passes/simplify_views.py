@@ -62,7 +62,7 @@ def _simplify(binding: relax.VarBinding, source: dict, bb: relax.BlockBuilder) -
     ):
         return value.args[0]
     if op == "relax.permute_dims":
-        return _composed_permute(binding, value, source, bb)
+        return _composed_permute(binding, value, source)
     if op != "relax.reshape":
         return None
     inner = value.args[0]
@@ -77,7 +77,7 @@ _PERMUTED = "permuted"  # key of the state: permute_dims var -> (its source, axe
 
 
 def _composed_permute(
-    binding: relax.VarBinding, value: relax.Call, state: dict, bb: relax.BlockBuilder
+    binding: relax.VarBinding, value: relax.Call, state: dict
 ) -> relax.Expr | None:
     """``permute_dims(...permute_dims(x, p)..., q)`` whose composition is the identity -> ``x``
     (a lone identity permutation too); later permutations of the chain then read ``x``."""

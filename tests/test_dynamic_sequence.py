@@ -193,7 +193,7 @@ def test_symbolic_sizes_are_priced_inside_their_declared_range(low, high, librar
     range: 1..512 is priced at 23 rows (a library call's crossing costs more than the TIR
     kernel), 256..512 at 362 rows (the library pays); before, every symbolic size was assumed
     large."""
-    from plus_tvm.passes._symbolic_bounds import typical_sizes
+    from plus_tvm.symbolic_bounds import typical_sizes
 
     class Norm(torch.nn.Module):
         def __init__(self) -> None:

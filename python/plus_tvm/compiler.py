@@ -71,7 +71,7 @@ def input_specs(mod: tvm.IRModule) -> list[InputSpec]:
 def _symbolic_sizes(main: relax.Function, dims: tuple | None) -> tuple:
     """``(name, low, high)`` of each bare symbolic dim in ``dims`` that ``main`` bounds (from a
     ``Dim``'s min and max); a bound it does not give is None."""
-    from .passes._symbolic_bounds import lower_bounds, upper_bounds
+    from .symbolic_bounds import lower_bounds, upper_bounds
 
     lower, upper = lower_bounds(main), upper_bounds(main)
     named = dict.fromkeys(d for d in dims or () if isinstance(d, str))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tvm import relax
 
-from .common import Ctx, LibraryCall, permute_axes, pre_binding, same_shape, shape_of
+from .common import Ctx, LibraryCall, permute_axes, pre_binding, shape_of
 
 _VIEWS = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.broadcast_to"}
 
@@ -57,25 +57,6 @@ def _head_input(ctx: Ctx, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr] | N
         if permute_axes(found[1]) == [0, 2, 1, 3]:
             return found[1].args[0], t
     return None, t
-
-
-def _prescaled(ctx: Ctx, operand: relax.Expr) -> tuple[relax.Expr, float] | None:
-    """``(x, c)`` when ``operand`` views ``x * c`` (or ``x / c``) for a scalar constant ``c``:
-    the factor then joins the kernel's scale (``(q c) k^T = (q k^T) c``)."""
-    found = ctx.block_call(_strip_views(ctx, operand))
-    if found is None or ctx.op(found[0]) not in ("relax.multiply", "relax.divide"):
-        return None
-    a, b = found[1].args
-    for tensor, other in ((a, b), (b, a)):
-        c = ctx.is_scalar_const(other)
-        if c is None or c == 0:
-            continue
-        if _numel(tensor) is None or _numel(tensor) != _numel(operand):
-            return None  # a broadcasting product: not a view of the operand
-        if ctx.op(found[0]) == "relax.divide":
-            return (a, 1.0 / c) if tensor.same_as(a) else None
-        return tensor, c
-    return None
 
 
 def _rows_of_neg_inf(ctx: Ctx, cond: relax.Expr, mask: relax.Expr) -> bool:
@@ -189,16 +170,6 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     if any(not ctx.defined_before(t, cur) or t.same_as(ctx.var(cur)) for t in tensors):
         return None
     pre: list[tuple[relax.Var, relax.Expr]] = []
-    for i in (0, 1):  # q or k scaled before the product (OPT: q_proj(x) * scaling)
-        found = _prescaled(ctx, tensors[i])
-        if found is not None:
-            source, factor = found
-            scale *= factor
-            if not same_shape(source, tensors[i]):
-                binding = pre_binding("plus_qk", relax.op.reshape(source, tensors[i].ty.shape))
-                pre.append(binding)
-                source = binding[0]
-            tensors[i] = source
     mask = masks[0] if masks else None
     for extra in masks[1:]:  # several additive masks are summed once, in TIR, before the call
         binding = pre_binding("plus_mask", relax.op.add(mask, extra))

@@ -3,7 +3,8 @@
 TVM's frontends record a ``torch.export.Dim``'s ``min`` and ``max`` (or an ONNX symbolic
 dimension's declared bound) as function attributes mapping the shape variable's name to an
 integer; memory planning reads the upper bound. ``DeclareCaptureVars``,
-``ProveSlicesInbound`` and the compiled model's input signature read both through here.
+``ProveSlicesInbound``, ``PlusDispatch`` (``typical_sizes``) and the compiled model's input
+signature read them through here.
 """
 
 from __future__ import annotations
