@@ -11,7 +11,8 @@ attention warehouse entry matches (PluS: variants of one computation hit the sam
 This pass moves scalar factors of ``matmul`` operands, through the views between them, onto the
 product (``(q c1) @ (k^T c2) = (q @ k^T) c1 c2``), and computes the fix-up's row condition from
 the additive mask instead of the scores: with finite ``q @ k^T`` a row of ``s = q @ k^T + mask``
-is all ``-inf`` exactly when the mask's row is. The fix-up is kept (a library kernel absorbing it
+is all ``-inf`` exactly when the mask's row is; without a mask (Whisper's cross-attention) no
+row is, and the fix-up is dropped. The fix-up is kept (a library kernel absorbing it
 zeroes those rows: ``zero_masked`` of ``plus.attention``), so the program computes the same
 values whether or not the attention is dispatched. Runs in phase 1 before ``PlusDispatch``.
 """
@@ -123,7 +124,11 @@ class CanonicalizeSDPA:
             return None
         mask = _additive_mask(scores, value_of)
         if mask is None:
-            return None
+            if not _is_product(scores, value_of):
+                return None
+            # no mask: finite scores are never a row of -inf, the fix-up is the identity
+            self.conditions += 1
+            return probs
         self.conditions += 1
         dtype = str(probs.ty.dtype)
         return relax.op.where(_all_neg_inf_rows(mask), relax.const(0.0, dtype), probs)

@@ -116,3 +116,23 @@ def test_scales_behind_scales_are_all_hoisted():
     assert "R.const(1.5" in text and "R.const(0.5" not in text and "R.const(3" not in text
     vm_out = plus_tvm.compile((out, {})).__call__(q.numpy(), k.numpy())
     np.testing.assert_allclose(np.asarray(vm_out), PreScaled()(q, k).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_unmasked_sdpa_drops_the_fix_up():
+    """Without a mask no row of finite scores is all ``-inf``: the safe softmax's condition
+    (which would read the scores a second time) goes, and the attention dispatches."""
+
+    class Unmasked(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    q, k, v = (torch.randn(1, 4, 9, 8) for _ in range(3))
+    mod = plus_tvm.from_torch(Unmasked().eval(), (q, k, v))[0]
+    assert "R.where" in mod.script()
+    rewrite = CanonicalizeSDPA()
+    out = rewrite(mod)
+    assert rewrite.conditions == 1 and "R.where" not in out.script()
+    compiled = plus_tvm.compile(Unmasked().eval(), example_args=(q, k, v))
+    assert compiled.stats["patterns"].get("attention") == 1
+    ref = Unmasked()(q, k, v).numpy()
+    np.testing.assert_allclose(np.asarray(compiled(q, k, v)), ref, rtol=1e-5, atol=1e-6)

@@ -38,6 +38,7 @@ _ENC = {
     "max_position_embeddings": 64,
 }
 _DEC = {**_ENC, "num_key_value_heads": 2}
+_MOE = {**_DEC, "num_local_experts": 4, "num_experts_per_tok": 2}
 _S2S = {
     **_TEXT,
     "d_model": 32,
@@ -189,6 +190,19 @@ ENTRIES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         "qwen2": _e("decoder", "Qwen2Model", "Qwen2Config", "text", **_DEC),
         "qwen3": _e("decoder", "Qwen3Model", "Qwen3Config", "text", head_dim=8, **_DEC),
         "gemma": _e("decoder", "GemmaModel", "GemmaConfig", "text", head_dim=8, **_DEC),
+        # mixture of experts: router, top-k, histc, grouped expert matmuls
+        "mixtral": _e("decoder", "MixtralModel", "MixtralConfig", "text", **_MOE),
+        "qwen2-moe": _e(
+            "decoder",
+            "Qwen2MoeModel",
+            "Qwen2MoeConfig",
+            "text",
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            num_experts=4,
+            **_DEC,
+        ),
+        "olmoe": _e("decoder", "OlmoeModel", "OlmoeConfig", "text", num_experts=4, **_MOE),
         "phi": _e("decoder", "PhiModel", "PhiConfig", "text", **_ENC),
         "phi3": _e("decoder", "Phi3Model", "Phi3Config", "text", **_DEC),
         "stablelm": _e("decoder", "StableLmModel", "StableLmConfig", "text", **_DEC),

@@ -40,6 +40,8 @@ from typing import Any
 
 from tvm import relax
 
+from .moe_converters import MOE_CONVERTERS
+
 __all__ = ["custom_convert_map"]
 
 Converter = Callable[[Any, Any], relax.Expr]
@@ -235,6 +237,29 @@ def cat_skip_empty(node: Any, importer: Any) -> relax.Expr:
     return importer._cat(node)
 
 
+def div_mode_typed_scalar(node: Any, importer: Any) -> relax.Expr:
+    """``aten.div.Tensor_mode`` (``//``, ``div(rounding_mode=)``) with a Python number operand
+    made a constant of the tensor's dtype; TVM 0.27 makes every int an int32 constant, and
+    ``floor_divide`` of an int64 tensor by it fails to import ("Binary operators must have the
+    same datatype"): ``perm // top_k`` in transformers' mixture-of-experts routing."""
+    x, divisor = importer.env[node.args[0]], node.args[1]
+    dtype = _tensor_dtype(x)
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("rounding_mode")
+    if dtype is None or not isinstance(divisor, (int, float)) or isinstance(divisor, bool):
+        return _original(importer, "div.Tensor_mode")(node)
+    if not _is_float(dtype) and isinstance(divisor, float):
+        return _original(importer, "div.Tensor_mode")(node)  # torch promotes: not this case
+    rhs = relax.const(divisor, dtype)
+    bb = importer.block_builder
+    if mode == "floor":
+        return bb.emit(relax.op.floor_divide(x, rhs))
+    if mode == "trunc" and _is_float(dtype):
+        return bb.emit(relax.op.trunc(bb.emit(relax.op.divide(x, rhs))))
+    if mode == "trunc":
+        return bb.emit(relax.op.divide(x, rhs))  # integer division truncates
+    return _original(importer, "div.Tensor_mode")(node)
+
+
 def _shape(node: Any) -> tuple | None:
     val = node.meta.get("val") if hasattr(node, "meta") else None
     return tuple(val.shape) if val is not None and hasattr(val, "shape") else None
@@ -258,6 +283,8 @@ def custom_convert_map() -> dict[str, Converter]:
         "cumsum.default": cumsum_promote,
         "slice.Tensor": slice_positive_dim,
         "cat.default": cat_skip_empty,
+        "div.Tensor_mode": div_mode_typed_scalar,
+        **MOE_CONVERTERS,  # ops 0.27 has no converter for at all
     }
     for key in FLOAT_RESULT_OPS:
         fixes[key] = promote_to_result_dtype(key)
