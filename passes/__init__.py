@@ -3,6 +3,7 @@
 from .annotate_map_pattern import AnnotateMapPattern
 from .apply_schedule_rules import ApplyScheduleRules
 from .canonicalize_sdpa import CanonicalizeSDPA
+from .conv1d_as_conv2d import Conv1dAsConv2d
 from .convert_to_channels_last import ConvertToChannelsLast
 from .declare_capture_vars import DeclareCaptureVars
 from .dp_fuse_ops import DPFuseOps
@@ -34,6 +35,7 @@ __all__ = [
     "ExpandIntegerPower",
     "FoldPadIntoConv",
     "FoldStaticSubgraphs",
+    "Conv1dAsConv2d",
     "FullAsBroadcast",
     "GlobalPoolToMean",
     "MergeSiblingLinears",

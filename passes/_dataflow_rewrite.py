@@ -119,3 +119,25 @@ def typed_functions(mod: tvm.IRModule) -> tvm.IRModule:
         g: bb.normalize(f) if isinstance(f, relax.Function) else f for g, f in mod.functions_items()
     }
     return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+def use_counts(block: relax.DataflowBlock, result: relax.Expr) -> dict:
+    """How often each variable is read by the block's bindings and ``result``."""
+    counts: dict = {}
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Var):
+            counts[expr] = counts.get(expr, 0) + 1
+        elif isinstance(expr, relax.Call):
+            for a in expr.args:
+                visit(a)
+        elif isinstance(expr, relax.Tuple):
+            for f in expr.fields:
+                visit(f)
+        elif isinstance(expr, relax.TupleGetItem):
+            visit(expr.tuple_value)
+
+    for b in block.bindings:
+        visit(b.value)
+    visit(result)
+    return counts

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import tvm
 from tvm import relax
 
-from ._dataflow_rewrite import map_functions, op_name, typed_functions
+from ._dataflow_rewrite import map_functions, op_name, typed_functions, use_counts
 
 # ``all(x == -inf, -1, keepdims)`` as torch's safe softmax writes it, outermost first, down to
 # ``x == -inf``: ``not(bool(max(int8(not(x == -inf)), -1, keepdims)))``
@@ -74,7 +74,7 @@ class CanonicalizeSDPA:
                 blocks.append(block)
                 continue
             value_of = {b.var: b.value for b in block.bindings}
-            uses = _use_counts(block, func.body.body)
+            uses = use_counts(block, func.body.body)
             bb = relax.BlockBuilder()  # new nested calls become bindings of their own (ANF)
             bb._begin_dataflow_block()
             for b in block.bindings:
@@ -137,27 +137,6 @@ class CanonicalizeSDPA:
 def _finish(mod: tvm.IRModule) -> tvm.IRModule:
     # typed, then the scaled operands and the old condition dropped
     return relax.transform.DeadCodeElimination()(typed_functions(mod))
-
-
-def _use_counts(block: relax.DataflowBlock, result: relax.Expr) -> dict:
-    counts: dict = {}
-
-    def visit(expr: relax.Expr) -> None:
-        if isinstance(expr, relax.Var):
-            counts[expr] = counts.get(expr, 0) + 1
-        elif isinstance(expr, relax.Call):
-            for a in expr.args:
-                visit(a)
-        elif isinstance(expr, relax.Tuple):
-            for f in expr.fields:
-                visit(f)
-        elif isinstance(expr, relax.TupleGetItem):
-            visit(expr.tuple_value)
-
-    for b in block.bindings:
-        visit(b.value)
-    visit(result)
-    return counts
 
 
 def _scalar(expr: relax.Expr) -> float | None:

@@ -3,8 +3,9 @@
 Importers emit ``reshape(reshape(x))`` and ``broadcast_to(x, shape_of_x)`` around every
 attention head split; once library calls take the surrounding operators, such chains are left
 between kernels. A single reshape lowers to a view (``RewriteDataflowReshape``), but a fused
-chain of them becomes a copy kernel, so the chain is folded into one reshape of its source and
-an identity broadcast (or a pad of zero widths) into its input.
+chain of them becomes a copy kernel, so the chain (``expand_dims``, ``squeeze`` and
+``flatten`` are reshapes too) is folded into one reshape of its source and an identity
+broadcast (or a pad of zero widths) into its input.
 
 Chains of ``permute_dims`` that cancel out disappear: torch's SDPA decomposition returns the
 attention output through three transposes (``[2, 0, 1, 3]``, ``[1, 2, 0, 3]``, ``[0, 2, 1, 3]``)
@@ -41,7 +42,8 @@ def _zero_pad(value: relax.Expr) -> bool:
 
 @tvm.transform.module_pass(opt_level=0, name="SimplifyViews")
 class SimplifyViews:
-    """Fold ``reshape(reshape(x, a), b)`` into ``reshape(x, b)``; ``broadcast_to(x, shape(x))``,
+    """Fold ``reshape(reshape(x, a), b)`` into ``reshape(x, b)`` (``expand_dims``, ``squeeze``
+    and ``flatten`` count as reshapes); ``broadcast_to(x, shape(x))``,
     ``reshape(x, shape(x))`` and ``pad(x, 0...)`` into ``x``."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -63,14 +65,19 @@ def _simplify(binding: relax.VarBinding, source: dict, bb: relax.BlockBuilder) -
         return value.args[0]
     if op == "relax.permute_dims":
         return _composed_permute(binding, value, source)
-    if op != "relax.reshape":
+    if op not in _RESHAPES or (op != "relax.reshape" and not _has_shape(binding.var)):
         return None
     inner = value.args[0]
     src = source.get(inner.id_) if isinstance(inner, relax.Var) else None
     source[binding.var.id_] = inner if src is None else src
     if src is None:
         return None
-    return bb.normalize(relax.op.reshape(src, value.args[1]))
+    shape = value.args[1] if op == "relax.reshape" else binding.var.ty.shape
+    return bb.normalize(relax.op.reshape(src, shape))
+
+
+# operators that only reshape (same elements, same order): a chain of them is one reshape
+_RESHAPES = frozenset(("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten"))
 
 
 _PERMUTED = "permuted"  # key of the state: permute_dims var -> (its source, axes from the source)

@@ -81,13 +81,13 @@ def test_pass_moves_operand_scales_onto_the_product_and_leaves_its_input():
 
 
 @pytest.mark.parametrize(
-    "name", ["bert", "distilbert", "bart", "vit", "gpt-neox", "opt", "t5", "mistral"]
+    "name", ["bert", "distilbert", "bart", "vit", "gpt-neox", "opt", "t5", "mistral", "falcon"]
 )
 def test_sdpa_models_use_the_attention_entry(name):
     """transformers' default (SDPA) attention hits the same entry as its eager attention and
     compiles to no more kernels: encoder, cross attention (BART), pre-scaled q (OPT), relative
-    position bias (T5), grouped-query heads (Mistral), vision (ViT); SDPA's output comes back
-    through three transposes, two of which cancel."""
+    position bias (T5), grouped-query heads (Mistral), multi-query heads (Falcon), vision (ViT);
+    SDPA's output comes back through three transposes, two of which cancel."""
     stats = {}
     for impl in ("eager", "sdpa"):
         model, inputs = arch_suite.load(name, attention=impl)
@@ -136,3 +136,27 @@ def test_unmasked_sdpa_drops_the_fix_up():
     assert compiled.stats["patterns"].get("attention") == 1
     ref = Unmasked()(q, k, v).numpy()
     np.testing.assert_allclose(np.asarray(compiled(q, k, v)), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["sdpa", "eager"])
+def test_multi_query_heads_dispatch(form):
+    """k and v of one head broadcast to the heads of q (Falcon's multi-query attention): the
+    broadcast k^T is read through, k broadcast once for the call."""
+
+    class MultiQuery(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            if form == "sdpa":
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return ((q @ k.transpose(-1, -2)) / 8**0.5 + mask).softmax(-1) @ v
+
+    q, k, v = torch.randn(1, 4, 9, 8), torch.randn(1, 1, 9, 8), torch.randn(1, 1, 9, 8)
+    mask = torch.zeros(1, 1, 9, 9)
+    mask[..., 5:] = float("-inf")
+    model = MultiQuery().eval()
+    compiled = plus_tvm.compile(
+        model, example_args=(q, k, v, mask), options=plus_tvm.Options(dispatch_cost_model=False)
+    )
+    assert compiled.stats["patterns"].get("attention") == 1
+    ref = model(q, k, v, mask).numpy()
+    got = np.asarray(compiled(q, k, v, mask))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

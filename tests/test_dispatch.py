@@ -328,6 +328,19 @@ def test_batch_norm_and_activation_fold_into_the_convolution(
     assert stats["kernels"] == 1 + transposes
 
 
+@pytest.mark.parametrize(
+    "layout,entry,transposes", [("nchw", "conv2d_epilogue", 0), ("nhwc", "conv2d_nhwc_padded", 2)]
+)
+def test_a_batch_above_one_hits_the_same_entry(layout, entry, transposes):
+    """A padded convolution of batch 3: the builder nests the pad and the product under a
+    batch loop, which the ``batched`` entries match like batch 1 (before: no match, TIR)."""
+    torch.manual_seed(0)
+    options = LIB.replace(conv_layout=layout)
+    stats = _run(_ConvBN(nn.ReLU(), True), torch.randn(3, 8, 16, 16), options=options)
+    assert _library(stats) == {entry: 1}
+    assert stats["kernels"] == 1 + transposes
+
+
 class _DynamicBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()

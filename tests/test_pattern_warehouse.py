@@ -179,6 +179,7 @@ BAD_CASES = [
     (GOOD.format(name="other"), 1, "does not match its file name"),
     (bad("priority = 5", 'priority = "high"'), 3, "an integer"),
     (bad("allow_epilogue = true", "allow_epilogue = 1"), 2, "true or false"),
+    (bad("priority = 5", "priority = 5\nbatched = 2"), 4, "true or false"),
     (bad("[[implementation]]", "[implementation]"), 10, "write [[implementation]]"),
     (bad('"llvm"', '"tpu"'), 12, "unknown target 'tpu'"),
     (bad(extra='\n[constraints]\ndtype = ["float32", "floaty"]\n'), 16, "'floaty' is not a dtype"),

@@ -14,6 +14,7 @@ from plus_tvm.plusgraph import (
     parse_plusgraph,
     partial_match,
     plusgraph_of,
+    unbatched,
 )
 from tvm import relax
 from tvm.script import tirx as T  # noqa: N812
@@ -172,6 +173,25 @@ def test_batch_matmul_collapse_primitive4():
     ):
         b.add(o)
     assert len(list(b.graph(collapse_loops=False).loops())) == 5
+
+
+def test_unbatched_strips_a_loop_enclosing_every_nest():
+    batched = parse_plusgraph(
+        "loop0 [N, para]\n  loop1 [P, para]\n    loop2 [C, para]\n"
+        "loop3 [N, para]\n  loop4 [HW, para]\n    loop5 [K, non-para, (dot)]"
+    )
+    assert unbatched(batched).to_text() == (
+        "loop0 [P, para]\n  loop1 [C, para]\nloop2 [HW, para]\n"
+        "  loop3 [K, non-para, (dot)]"
+    )
+    # not a batch: roots of different sizes, a reduction root, a root that computes
+    for text in (
+        "loop0 [N, para]\n  loop1 [P, para]\nloop2 [M, para]\n  loop3 [K, para]",
+        "loop0 [N, non-para]\n  loop1 [P, para]",
+        "loop0 [N, para, (exp)]\n  loop1 [P, para]",
+        "loop0 [N, para]",
+    ):
+        assert unbatched(parse_plusgraph(text)) is None, text
 
 
 def test_gemm_does_not_collapse_m_and_n():

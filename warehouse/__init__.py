@@ -13,6 +13,9 @@ Each entry is a TOML file ``NAME.toml``::
     allow_epilogue = true
     priority = 100                  # optional int (default 0): higher is tried first when several
                                     # entries match the same subgraph
+    batched = true                  # optional (default false): the graph also matches when every
+                                    # nest runs under one leading parallel loop (a batch axis the
+                                    # implementation takes itself, as a convolution's N)
     graph = \"\"\"
     loop0 [M, para]
       loop1 [N, para]

@@ -2,6 +2,7 @@
 
 Each entry is one TOML file ``NAME.toml``: a +Graph skeleton (the paper's ``loop0 [M, para]``
 notation), the ``allow_prologue`` / ``allow_epilogue`` flags of algorithm 2, a priority,
+whether the pattern also matches under a leading batch loop (``batched``),
 constraints on the matched subgraph and one or more implementations, each bound to a target and
 optionally to a shape condition (``when``), which routes one pattern to different kernels by
 size, as PluS routes attention to different vendors by batch size. See
@@ -52,6 +53,7 @@ _TOP_KEYS = (
     "allow_prologue",
     "allow_epilogue",
     "priority",
+    "batched",
     "graph",
     "constraints",
     "implementation",
@@ -340,6 +342,7 @@ class WarehouseEntry:
     constraints: Constraints
     implementations: tuple[Implementation, ...]
     path: str
+    batched: bool = False  # the pattern may run under one leading batch loop (match.unbatched)
 
     def candidates(self, target: object) -> tuple[Implementation, ...]:
         """Implementations that run on ``target`` (kind name or ``Target``), in order."""
@@ -364,6 +367,7 @@ class WarehouseEntry:
             "priority": self.priority,
             "allow_prologue": self.allow_prologue,
             "allow_epilogue": self.allow_epilogue,
+            "batched": self.batched,
             "graph": self.graph.to_text(),
             "constraints": self.constraints.to_dict(),
             "implementations": [i.to_dict() for i in self.implementations],
@@ -659,6 +663,7 @@ def load_entry(
     allow_prologue = typed(doc, "allow_prologue", (bool,), "true or false", (), False)
     allow_epilogue = typed(doc, "allow_epilogue", (bool,), "true or false", (), False)
     priority = typed(doc, "priority", (int,), "an integer", (), 0)
+    batched = typed(doc, "batched", (bool,), "true or false", (), False)
 
     # the graph
     if "graph" not in doc:
@@ -739,6 +744,7 @@ def load_entry(
         constraints=constraints,
         implementations=tuple(implementations),
         path=path,
+        batched=batched,
     )
 
 

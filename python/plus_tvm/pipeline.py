@@ -10,7 +10,8 @@ Phase contents today (later work replaces phases one by one, and says so here):
 1. dispatch  - ``ProveSlicesInbound`` (symbolic slices without clamps their bounds rule
                out), ``FullAsBroadcast`` (TVM cannot legalize ``full``),
                ``FoldStaticSubgraphs``, ``WrapTakeIndices`` (no gather reads outside
-               its table), ``GlobalPoolToMean``,
+               its table), ``GlobalPoolToMean``, ``Conv1dAsConv2d`` (the 2-D
+               convolution entries take 1-D ones),
                ``SimplifyViews``, ``FoldPadIntoConv``, ``ConvertToChannelsLast`` (CPU:
                convolutions and what lies between them in NHWC); ``PlusDispatch``
                (PluS +Graph matching, warehouse library calls) when
@@ -61,6 +62,7 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     own library dispatch for the target."""
     from .passes import (
         CanonicalizeSDPA,
+        Conv1dAsConv2d,
         ConvertToChannelsLast,
         FoldPadIntoConv,
         FoldStaticSubgraphs,
@@ -84,6 +86,7 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     passes += [
         WrapTakeIndices(),  # gathers never read outside their table
         GlobalPoolToMean(),
+        Conv1dAsConv2d(),  # the 2-D convolution entries and layout plan then apply
         SimplifyViews(),
         # SDPA's decomposition (operand scales, safe softmax) in the attention entry's form
         CanonicalizeSDPA(),

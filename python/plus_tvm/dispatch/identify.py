@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plusgraph import PlusGraph, PlusGraphBuilder, full_match, partial_match
+from ..plusgraph import PlusGraph, PlusGraphBuilder, full_match, partial_match, unbatched
 from .opgraph import OpGraph
 
 
@@ -145,11 +145,20 @@ class Identifier:
     def _state(self, builder: PlusGraphBuilder, entries: list | None = None):  # noqa: ANN202
         """(entries still reachable, entries fully matched with their size bindings)."""
         graph = builder.graph()
+        batch = unbatched(graph)  # the forest a leading batch loop repeats, if any
         pool = self.entries if entries is None else entries
-        partial = [e for e in pool if partial_match(e.graph, graph) is not None]
+
+        def forms(e) -> tuple[PlusGraph, ...]:  # noqa: ANN001
+            return (graph, batch) if e.batched and batch is not None else (graph,)
+
+        partial = [e for e in pool if any(partial_match(e.graph, g) is not None for g in forms(e))]
         if not partial:
             return None
-        full = [(e, b) for e in partial if (b := full_match(e.graph, graph)) is not None]
+        full = []
+        for e in partial:
+            b = next((b for g in forms(e) if (b := full_match(e.graph, g)) is not None), None)
+            if b is not None:
+                full.append((e, b))
         return partial, full, graph
 
     def _archive(self, members: list[int], builder: PlusGraphBuilder, state) -> Match | None:  # noqa: ANN001

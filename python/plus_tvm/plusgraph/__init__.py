@@ -2,7 +2,7 @@
 
 from .build import Access, BasicOp, PlusGraphBuilder, basic_ops, collapse, plusgraph_of
 from .loops import KEY_OPS, PlusGraph, PlusGraphSyntaxError, PlusLoop, parse_plusgraph
-from .match import full_match, partial_match
+from .match import full_match, partial_match, unbatched
 
 __all__ = [
     "KEY_OPS",
@@ -18,4 +18,5 @@ __all__ = [
     "parse_plusgraph",
     "partial_match",
     "plusgraph_of",
+    "unbatched",
 ]

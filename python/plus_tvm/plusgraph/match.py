@@ -86,6 +86,23 @@ def _seq_partial(
             yield from _seq_partial(ps[i + 1 :], ss[1:], b1)
 
 
+def unbatched(graph: PlusGraph) -> PlusGraph | None:
+    """``graph`` without a leading batch loop, or None when it has none.
+
+    A batch loop encloses every nest of the subgraph: each root is a parallelizable loop of
+    the same size that performs no operation itself (the builder merges a batched
+    convolution's ``[N, P, C]`` pad and ``[N, HW, O, ...]`` product under such loops, where
+    batch 1 has no loop at all, unit loops being dropped). Its children, in order, are the
+    forest the batch repeats; entries marked ``batched`` match that forest too.
+    """
+    roots = graph.roots
+    if not roots or not all(r.parallel and not r.ops and r.children for r in roots):
+        return None
+    if len({r.size for r in roots}) != 1:
+        return None
+    return PlusGraph(tuple(c for r in roots for c in r.children))
+
+
 def full_match(pattern: PlusGraph, graph: PlusGraph) -> Binding | None:
     """The size binding when ``graph`` matches ``pattern`` exactly, else ``None``."""
     if len(pattern.roots) != len(graph.roots):

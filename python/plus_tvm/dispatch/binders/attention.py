@@ -59,6 +59,17 @@ def _head_input(ctx: Ctx, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr] | N
     return None, t
 
 
+def _head_broadcast(source: relax.Expr, result: relax.Expr) -> int | None:
+    """The head count when ``result`` broadcasts ``source``, a 4-D tensor of one head (axis
+    1), to several and changes nothing else (multi-query attention: Falcon's k), else None."""
+    src, dst = shape_of(source), shape_of(result)
+    if len(src) != 4 or len(dst) != 4 or None in src or None in dst:
+        return None
+    if src[1] != 1 or dst[1] == 1 or [src[i] for i in (0, 2, 3)] != [dst[i] for i in (0, 2, 3)]:
+        return None
+    return dst[1]
+
+
 def _rows_of_neg_inf(ctx: Ctx, cond: relax.Expr, mask: relax.Expr) -> bool:
     """``cond`` is ``all(mask == -inf, -1, keepdims)`` as ``CanonicalizeSDPA`` writes it."""
     from ...passes.canonicalize_sdpa import row_condition_source
@@ -83,6 +94,10 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     q = _head_input(ctx, c1.args[0])
     kt = _strip_views(ctx, c1.args[1])
     found = ctx.block_call(kt)
+    heads = None  # multi-query: k^T of one head broadcast to every head of q
+    if found is not None and ctx.op(found[0]) == "relax.broadcast_to":
+        heads = _head_broadcast(found[1].args[0], ctx.var(found[0]))
+        found = ctx.block_call(found[1].args[0]) if heads is not None else None
     if q is None or found is None or ctx.op(found[0]) != "relax.permute_dims":
         return None
     if permute_axes(found[1]) != [0, 1, 3, 2]:
@@ -90,6 +105,11 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     k = _head_input(ctx, found[1].args[0])
     if k is None:
         return None
+    pre: list[tuple[relax.Var, relax.Expr]] = []
+    if heads is not None:  # k in heads layout, broadcast once as SDPA's k (v comes broadcast)
+        b, _, s, d = shape_of(k[1])
+        pre.append(pre_binding("plus_k", relax.op.broadcast_to(k[1], [b, heads, s, d])))
+        k = (None, pre[-1][0])
     absorbed = [m1]
     cur = m1
     scale = 1.0
@@ -167,9 +187,12 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         layout, tensors = "bshd", [q[0], k[0], v[0]]
     else:
         layout, tensors = "bhsd", [q[1], k[1], v[1]]
-    if any(not ctx.defined_before(t, cur) or t.same_as(ctx.var(cur)) for t in tensors):
+    if any(
+        not ctx.defined_before(t, cur) or t.same_as(ctx.var(cur))
+        for t in tensors
+        if all(not t.same_as(v) for v, _ in pre)
+    ):
         return None
-    pre: list[tuple[relax.Var, relax.Expr]] = []
     mask = masks[0] if masks else None
     for extra in masks[1:]:  # several additive masks are summed once, in TIR, before the call
         binding = pre_binding("plus_mask", relax.op.add(mask, extra))

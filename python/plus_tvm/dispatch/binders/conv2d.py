@@ -33,7 +33,7 @@ def _bind(ctx: Ctx, i: int) -> LibraryCall | None:
     if str(at.out_layout) not in (layout, ""):
         return None
     x, w = call.args
-    if not ctx.is_weight(w):
+    if not ctx.is_weight_view(w):  # a 1-D convolution's weight comes as a [O, I, 1, K] view
         return None
     name, axis = _LAYOUTS[layout]
     c_out = shape_of(w)[0]
