@@ -181,8 +181,7 @@ def test_unbatched_strips_a_loop_enclosing_every_nest():
         "loop3 [N, para]\n  loop4 [HW, para]\n    loop5 [K, non-para, (dot)]"
     )
     assert unbatched(batched).to_text() == (
-        "loop0 [P, para]\n  loop1 [C, para]\nloop2 [HW, para]\n"
-        "  loop3 [K, non-para, (dot)]"
+        "loop0 [P, para]\n  loop1 [C, para]\nloop2 [HW, para]\n  loop3 [K, non-para, (dot)]"
     )
     # not a batch: roots of different sizes, a reduction root, a root that computes
     for text in (
