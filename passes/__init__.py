@@ -2,6 +2,7 @@
 
 from .annotate_map_pattern import AnnotateMapPattern
 from .apply_schedule_rules import ApplyScheduleRules
+from .canonicalize_batch_matmul import CanonicalizeBatchMatmul
 from .canonicalize_sdpa import CanonicalizeSDPA
 from .conv1d_as_conv2d import Conv1dAsConv2d
 from .convert_to_channels_last import ConvertToChannelsLast
@@ -21,6 +22,7 @@ from .rewrite_view_builtins import RewriteViewBuiltins
 from .route_cuda_graph_runtime import RouteCUDAGraphRuntime
 from .select_cuda_graph_regions import SelectCUDAGraphRegions
 from .simplify_views import SimplifyViews
+from .sink_row_reshapes import SinkRowReshapes
 from .stage_graph_inputs import StageGraphInputs
 from .stage_graph_outputs import StageGraphOutputs
 from .wrap_take_indices import WrapTakeIndices
@@ -47,7 +49,9 @@ __all__ = [
     "RouteCUDAGraphRuntime",
     "SelectCUDAGraphRegions",
     "SimplifyViews",
+    "SinkRowReshapes",
     "StageGraphInputs",
     "StageGraphOutputs",
+    "CanonicalizeBatchMatmul",
     "WrapTakeIndices",
 ]

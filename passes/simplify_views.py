@@ -51,7 +51,10 @@ class SimplifyViews:
 
 
 def _finish(mod: tvm.IRModule) -> tvm.IRModule:
-    return relax.transform.CanonicalizeBindings()(relax.transform.Normalize()(mod))
+    # the views a folded chain skipped are read by nobody: dropped, so that use counts of
+    # later passes (a scale behind a view read once) see only the live readers
+    folded = relax.transform.CanonicalizeBindings()(relax.transform.Normalize()(mod))
+    return relax.transform.DeadCodeElimination()(folded)
 
 
 def _simplify(binding: relax.VarBinding, source: dict, bb: relax.BlockBuilder) -> relax.Expr | None:

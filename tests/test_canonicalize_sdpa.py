@@ -160,3 +160,30 @@ def test_multi_query_heads_dispatch(form):
     ref = model(q, k, v, mask).numpy()
     got = np.asarray(compiled(q, k, v, mask))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_alibi_bias_of_heads_folded_into_the_batch_dispatches():
+    """BLOOM's attention: heads folded into the batch (``[B*H, S, D]``), k^T as a 3-D
+    transpose, an ALiBi bias ``[B*H, 1, S]`` added before the head split, then the causal mask:
+    one attention call with the bias as part of its mask."""
+
+    class Alibi(torch.nn.Module):
+        def forward(self, q, k, v, alibi, mask):
+            b, h, s, d = q.shape
+            scores = alibi + (q.reshape(b * h, s, d) @ k.reshape(b * h, s, d).transpose(1, 2)) * 0.3
+            probs = (scores.view(b, h, s, s) + mask).softmax(-1)
+            return (probs.view(b * h, s, s) @ v.reshape(b * h, s, d)).view(b, h, s, d)
+
+    q, k, v = (torch.randn(1, 4, 9, 8) for _ in range(3))  # batch 1: BLOOM's form at batch 2
+    alibi = torch.randn(4, 1, 9)  # (heads flattened by the model itself) is not matched yet
+    mask = torch.triu(torch.full((9, 9), float("-inf")), 1).expand(1, 1, 9, 9).contiguous()
+    model = Alibi().eval()
+    compiled = plus_tvm.compile(
+        model,
+        example_args=(q, k, v, alibi, mask),
+        options=plus_tvm.Options(dispatch_cost_model=False),
+    )
+    assert compiled.stats["patterns"].get("attention") == 1
+    ref = model(q, k, v, alibi, mask).numpy()
+    got = np.asarray(compiled(q, k, v, alibi, mask))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

@@ -74,7 +74,9 @@ def test_inspect_tvm_pipeline_reports_tvm_fusion(capsys):
     assert tvm_["ops"] == plus["ops"]
     # plus dispatches to libraries and fuses with mapping-type rules and plan search (paper
     # 004): fewer kernels than TVM's FuseOps; with --opt fusion=tvm --opt dispatch=false it
-    # runs FuseOps alone and matches TVM exactly.
+    # runs FuseOps alone, after phase 1's view canonicalization (CanonicalizeBatchMatmul,
+    # SimplifyViews: the attention's matmuls over the 4-D operands, without the reshapes
+    # torch's decomposition puts around them), so at most TVM's kernels.
     assert plus["kernels"] < tvm_["kernels"]
     _, out_same, _ = run_cli(
         capsys,
@@ -86,7 +88,7 @@ def test_inspect_tvm_pipeline_reports_tvm_fusion(capsys):
         "--opt",
         "dispatch=false",
     )
-    assert json.loads(out_same)["kernels"] == tvm_["kernels"]
+    assert plus["kernels"] < json.loads(out_same)["kernels"] <= tvm_["kernels"]
 
 
 def test_opt_sets_options_and_rejects_unavailable_values(capsys):

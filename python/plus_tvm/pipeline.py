@@ -11,8 +11,10 @@ Phase contents today (later work replaces phases one by one, and says so here):
                out), ``FullAsBroadcast`` (TVM cannot legalize ``full``),
                ``FoldStaticSubgraphs``, ``WrapTakeIndices`` (no gather reads outside
                its table), ``GlobalPoolToMean``, ``Conv1dAsConv2d`` (the 2-D
-               convolution entries take 1-D ones),
-               ``SimplifyViews``, ``FoldPadIntoConv``, ``ConvertToChannelsLast`` (CPU:
+               convolution entries take 1-D ones), ``CanonicalizeBatchMatmul``,
+               ``SimplifyViews``, ``SinkRowReshapes`` (batch above 1: a linear's
+               epilogue on its rows), ``SimplifyViews``, ``CanonicalizeSDPA``,
+               ``FoldPadIntoConv``, ``ConvertToChannelsLast`` (CPU:
                convolutions and what lies between them in NHWC); ``PlusDispatch``
                (PluS +Graph matching, warehouse library calls) when
                ``dispatch`` is on; TVM's library dispatch for the target (sort/scan)
@@ -61,6 +63,7 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     """Phase 1: +Graph identification and warehouse library calls (``dispatch``), then TVM's
     own library dispatch for the target."""
     from .passes import (
+        CanonicalizeBatchMatmul,
         CanonicalizeSDPA,
         Conv1dAsConv2d,
         ConvertToChannelsLast,
@@ -70,6 +73,7 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         GlobalPoolToMean,
         ProveSlicesInbound,
         SimplifyViews,
+        SinkRowReshapes,
         WrapTakeIndices,
     )
 
@@ -87,6 +91,11 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         WrapTakeIndices(),  # gathers never read outside their table
         GlobalPoolToMean(),
         Conv1dAsConv2d(),  # the 2-D convolution entries and layout plan then apply
+        # batched matmuls over the 4-D operands torch flattened: loops the mask's loops match
+        CanonicalizeBatchMatmul(),
+        SimplifyViews(),
+        # row regroupings below the row-wise epilogues of a linear (batch > 1), then folded
+        SinkRowReshapes(),
         SimplifyViews(),
         # SDPA's decomposition (operand scales, safe softmax) in the attention entry's form
         CanonicalizeSDPA(),

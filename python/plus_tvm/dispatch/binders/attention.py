@@ -70,6 +70,19 @@ def _head_broadcast(source: relax.Expr, result: relax.Expr) -> int | None:
     return dst[1]
 
 
+def _bias_of_heads(bias: relax.Expr, scores: list, q: list, pre: list) -> relax.Expr | None:
+    """A bias added to ``[B*H, Sq, Sk]`` scores (BLOOM's ALiBi, ``[B*H, 1, Sk]``) as the
+    ``[B, H, Sq, Sk]`` mask of the call, through a pre-binding; None when sizes are unknown."""
+    if len(scores) != 3 or len(q) != 4 or None in scores or None in q:
+        return None
+    b, h = q[0], q[1]
+    if scores[0] != b * h:
+        return None
+    pre.append(pre_binding("plus_bias", relax.op.broadcast_to(bias, scores)))
+    pre.append(pre_binding("plus_bias", relax.op.reshape(pre[-1][0], [b, h, *scores[1:]])))
+    return pre[-1][0]
+
+
 def _rows_of_neg_inf(ctx: Ctx, cond: relax.Expr, mask: relax.Expr) -> bool:
     """``cond`` is ``all(mask == -inf, -1, keepdims)`` as ``CanonicalizeSDPA`` writes it."""
     from ...passes.canonicalize_sdpa import row_condition_source
@@ -100,7 +113,8 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         found = ctx.block_call(found[1].args[0]) if heads is not None else None
     if q is None or found is None or ctx.op(found[0]) != "relax.permute_dims":
         return None
-    if permute_axes(found[1]) != [0, 1, 3, 2]:
+    # k^T of the heads, or of heads folded into the batch (BLOOM: [B*H, D, S] from [B*H, S, D])
+    if permute_axes(found[1]) not in ([0, 1, 3, 2], [0, 2, 1]):
         return None
     k = _head_input(ctx, found[1].args[0])
     if k is None:
@@ -132,7 +146,11 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
             scale = scale * c if op == "relax.multiply" else scale / c
         elif op == "relax.add" and not seen_softmax:
             other = call.args[1] if call.args[0].same_as(ctx.var(cur)) else call.args[0]
-            if len(shape_of(other)) != 4 or not ctx.defined_before(other, nxt):
+            if not ctx.defined_before(other, nxt):
+                return None
+            if len(shape_of(other)) == 3:  # a bias of heads folded into the batch (ALiBi)
+                other = _bias_of_heads(other, shape_of(ctx.var(cur)), shape_of(q[1]), pre)
+            if other is None or len(shape_of(other)) != 4:
                 return None
             masks.append(other)  # T5: a position bias, then the padding mask
         elif op == "relax.nn.softmax" and not seen_softmax:

@@ -1,0 +1,212 @@
+"""SinkRowReshapes: a reshape that regroups rows moves below the row-wise operators after it.
+
+A linear layer runs on ``[B*S, K]`` rows and its result goes back to ``[B, S, N]`` before the
+bias add, activation, residual add and LayerNorm that follow it; the next linear flattens the
+rows again. With ``B = 1`` the regrouping only adds a unit dimension, which the +Graph builder
+drops, and the GEMM's row loop is the epilogue's. With ``B > 1`` the ``[B*S]`` loop of the GEMM
+and the ``B`` and ``S`` loops of its epilogue cannot be merged (no +Graph primitive splits a
+loop), so the epilogue matched nothing: BERT at batch 2 ran its GELUs, residual adds and
+LayerNorms as TIR kernels after each linear instead of inside the call.
+
+For ``r = reshape(x, S)`` keeping the last dimension, and ``y = f(r, ...)`` with ``f``
+element-wise, or a LayerNorm / RMSNorm / softmax / reduction over the last axis, ``y`` is
+``reshape(f(x, ...), S')``: the other operands are reshaped to ``x``'s rows where they have
+``r``'s shape (a residual), or to rows of one element where they have ``r``'s rows and one
+column (a mean kept with ``keepdims``), and are left as they are where they broadcast along
+the last axis only (a bias, gamma, a scalar). Repeated, the reshape travels down the chain to
+the next operator that needs its shape, where ``SimplifyViews`` folds it into the next
+flattening. Only static, single-use reshapes that regroup rows of more than one element move
+(a reshape read twice would be computed both ways; one that only adds or drops unit
+dimensions, batch 1, is already transparent to the +Graph builder and stays).
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from ._dataflow_rewrite import map_functions, op_name, typed_functions, use_counts
+
+# element-wise operators (every operand broadcasts to the result)
+ELEMENTWISE = frozenset(
+    (
+        "relax.add",
+        "relax.subtract",
+        "relax.multiply",
+        "relax.divide",
+        "relax.power",
+        "relax.maximum",
+        "relax.minimum",
+        "relax.nn.relu",
+        "relax.nn.gelu",
+        "relax.nn.gelu_tanh",
+        "relax.nn.silu",
+        "relax.sigmoid",
+        "relax.tanh",
+        "relax.exp",
+        "relax.sqrt",
+        "relax.rsqrt",
+        "relax.astype",
+        "relax.clip",
+    )
+)
+# operators over the last axis only (checked on their attributes)
+ROW_OPS = frozenset(
+    ("relax.nn.layer_norm", "relax.nn.rms_norm", "relax.nn.softmax", "relax.mean", "relax.sum")
+)
+
+
+@tvm.transform.module_pass(opt_level=0, name="SinkRowReshapes")
+class SinkRowReshapes:
+    """Move row-regrouping reshapes below row-wise operators (module docstring).
+
+    Attributes
+    ----------
+    sunk : int
+        After a run: the operators that now run on the rows before the reshape.
+    """
+
+    def __init__(self) -> None:
+        self.sunk = 0
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        self.sunk = 0
+        return map_functions(mod, self._function, _finish)
+
+    def _function(self, func: relax.Function) -> relax.Function:
+        blocks, changed = [], False
+        for block in func.body.blocks:
+            if not isinstance(block, relax.DataflowBlock):
+                blocks.append(block)
+                continue
+            uses = use_counts(block, func.body.body)
+            rows: dict = {}  # var bound to a row-regrouping reshape -> (its source, rows shape)
+            bb = relax.BlockBuilder()  # new nested calls become bindings of their own (ANF)
+            bb._begin_dataflow_block()
+            for b in block.bindings:
+                found = _row_reshape(b.value)
+                if found is not None:
+                    rows[b.var] = found
+                new = self._sink(b, rows, uses)
+                if new is not None:
+                    inner, shape = new
+                    inner = bb.emit(inner)  # a binding of its own: read by the next operator
+                    b = relax.VarBinding(b.var, bb.normalize(relax.op.reshape(inner, shape)))
+                    rows[b.var] = (inner, _dims(inner))
+                    changed = True
+                bb.emit_normalized(b)
+            blocks.append(bb._end_block())
+        if not changed:
+            return func
+        body = relax.SeqExpr(blocks, func.body.body)
+        return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+
+    def _sink(
+        self, binding: relax.VarBinding, rows: dict, uses: dict
+    ) -> tuple[relax.Expr, list] | None:
+        call = binding.value
+        op = op_name(call)
+        out = _dims(binding.var)
+        if out is None or not (op in ELEMENTWISE or (op in ROW_OPS and _last_axis(call))):
+            return None
+        tensors = [a for a in call.args if isinstance(getattr(a, "ty", None), relax.TensorType)]
+        lead = next(
+            (
+                a
+                for a in tensors
+                if isinstance(a, relax.DataflowVar) and a in rows and uses.get(a, 0) == 1
+            ),
+            None,
+        )
+        if lead is None:
+            return None
+        source, x_dims = rows[lead]
+        r_dims = _dims(lead)
+        if not _same(out[:-1], r_dims[:-1]):  # the result has the reshape's rows
+            return None
+        args = []
+        for a in call.args:
+            if a.same_as(lead):
+                args.append(source)
+            elif not isinstance(getattr(a, "ty", None), relax.TensorType):
+                args.append(a)
+            else:
+                moved = _operand(a, r_dims, x_dims, op in ROW_OPS and a is not call.args[0])
+                if moved is None:
+                    return None
+                args.append(moved)
+        self.sunk += 1
+        inner = relax.Call(call.op, args, call.attrs, call.ty_args)
+        return inner, out
+
+
+def _finish(mod: tvm.IRModule) -> tvm.IRModule:
+    return relax.transform.DeadCodeElimination()(typed_functions(mod))
+
+
+def _row_reshape(value: relax.Expr) -> tuple[relax.Expr, list] | None:
+    """(source, its dims) for a static ``reshape`` keeping the last dimension (rows regrouped)."""
+    if op_name(value) != "relax.reshape":
+        return None
+    src = value.args[0]
+    dims = _dims(src)
+    out = _static(value.args[1])
+    if dims is None or out is None or not dims or not out:
+        return None
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims) or int(dims[-1]) != out[-1]:
+        return None
+    if [int(d) for d in dims if int(d) != 1] == [d for d in out if d != 1]:
+        return None  # unit dimensions only: the +Graph builder drops them already
+    return src, dims
+
+
+def _operand(a: relax.Expr, r_dims: list, x_dims: list, parameter: bool) -> relax.Expr | None:
+    """Operand ``a`` of an operator on ``r`` (dims ``r_dims``) moved onto ``x`` (``x_dims``)."""
+    dims = _dims(a)
+    if dims is None:
+        return None
+    if not dims or parameter:  # a scalar; LayerNorm's gamma / beta (over the last axis)
+        return a if len(dims) <= 1 else None
+    if _same(dims, r_dims):  # full shape: the same rows regrouped
+        return relax.op.reshape(a, x_dims)
+    if _same(dims, [*r_dims[:-1], 1]):  # one value per row
+        return relax.op.reshape(a, [*x_dims[:-1], 1])
+    if all(_is_one(d) for d in dims[:-1]):  # broadcasts along the last axis only
+        return a if len(dims) <= len(x_dims) else relax.op.reshape(a, [dims[-1]])
+    return None
+
+
+def _last_axis(call: relax.Call) -> bool:
+    rank = len(_dims(call.args[0]) or [])
+    at = call.attrs
+    if op_name(call) == "relax.nn.softmax":
+        axes = [int(at.axis)]
+    else:
+        axes = [int(a) for a in (at.axes if hasattr(at, "axes") else at.axis) or []]
+        if op_name(call) in ("relax.mean", "relax.sum") and not bool(at.keepdims):
+            return False
+    return rank > 0 and [a % rank for a in axes] == [rank - 1]
+
+
+def _dims(expr: relax.Expr) -> list | None:
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    shape = ty.shape
+    return list(shape.values) if hasattr(shape, "values") else None
+
+
+def _static(shape: relax.Expr) -> list[int] | None:
+    values = getattr(shape, "values", None)
+    if values is None or not all(isinstance(v, tvm.tirx.IntImm) for v in values):
+        return None
+    return [int(v) for v in values]
+
+
+def _is_one(d: object) -> bool:
+    return isinstance(d, tvm.tirx.IntImm) and int(d) == 1
+
+
+def _same(xs: list, ys: list) -> bool:
+    return len(xs) == len(ys) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(xs, ys))
