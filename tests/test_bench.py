@@ -300,3 +300,34 @@ def test_sequence_lengths_one_compile_every_backend_at_each_length(tmp_path):
     from plus_tvm.bench import plot
 
     assert os.path.getsize(plot(result, str(tmp_path / "lengths.png"))) > 0
+
+
+def test_a_model_from_a_python_file_runs_in_the_torch_workers(tmp_path):
+    """``python:FILE.py:ATTR``: the model's classes live in a file no worker can import by
+    name; the bench lists the file next to the saved module and the worker imports it first
+    (before: "the torch module cannot be saved for a worker")."""
+    path = tmp_path / "user_model.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            class Net(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = torch.nn.Linear(8, 8)
+
+                def forward(self, x):
+                    return torch.relu(self.fc(x))
+
+            def build():
+                torch.manual_seed(0)
+                return Net().eval(), (torch.randn(2, 8),)
+            """
+        )
+    )
+    loaded = load_model(f"python:{path}:build")
+    result = Bench(loaded, ["plus", "torch"], runs=2, warmup=0, progress=False).run()
+    assert result["backends"]["torch"]["status"] == "ok", result["backends"]["torch"]["status"]
+    assert result["backends"]["torch"]["runs"] == 2
+    assert result["backends"]["plus"]["max_abs_err"] < 1e-5

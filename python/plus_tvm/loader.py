@@ -127,6 +127,29 @@ def _load_onnx(path_or_proto: object) -> LoadedModel:
     return LoadedModel(name, mod, params, onnx_model=proto, source="onnx")
 
 
+USER_MODULE_PREFIX = "_plus_user_model_"
+
+
+def import_user_file(path: str) -> object:
+    """Import a model file under a name derived from its absolute path and register it in
+    ``sys.modules``, so that its classes pickle by reference (``plus-tvm bench`` hands the
+    torch module to fresh worker processes, which import the same file first)."""
+    import hashlib
+    import sys
+
+    where = os.path.abspath(path)
+    name = USER_MODULE_PREFIX + hashlib.sha1(where.encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(name, where)
+    pymod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = pymod
+    try:
+        spec.loader.exec_module(pymod)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return pymod
+
+
 def _load_python(ref: str) -> tuple[object, tuple | None]:
     """``MODULE:ATTR`` or ``FILE.py:ATTR`` -> (nn.Module, example_args or None)."""
     if ":" not in ref:
@@ -136,9 +159,7 @@ def _load_python(ref: str) -> tuple[object, tuple | None]:
         if where.endswith(".py"):
             if not os.path.exists(where):
                 raise ModelLoadError(f"python model file not found: {where}")
-            spec = importlib.util.spec_from_file_location("_plus_user_model", where)
-            pymod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(pymod)
+            pymod = import_user_file(where)
         else:
             pymod = importlib.import_module(where)
     except ModelLoadError:

@@ -284,6 +284,7 @@ class Bench:
         path = os.path.join(workdir, "torch_module.pt")
         try:
             torch.save(module, path)
+            _write_user_files(module, path)
         except Exception as err:  # e.g. a module with a lambda: cannot go to a worker
             for b in wanted:
                 b.status = f"n/a: the torch module cannot be saved for a worker ({_short(err)})"
@@ -590,3 +591,23 @@ def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(total=total, desc="bench", unit="run", file=sys.stderr, leave=False)
+
+
+def _write_user_files(module: object, artifact: str) -> None:
+    """Next to a saved torch module, the model files (``python:FILE.py:ATTR``) its classes come
+    from, for the worker to import before loading it (``worker.USER_FILES_SUFFIX``)."""
+    import json
+    import sys
+
+    from ..loader import USER_MODULE_PREFIX
+    from .worker import USER_FILES_SUFFIX
+
+    names = {type(m).__module__ for m in module.modules()}
+    files = {
+        n: sys.modules[n].__file__
+        for n in sorted(names)
+        if n.startswith(USER_MODULE_PREFIX) and n in sys.modules
+    }
+    if files:
+        with open(artifact + USER_FILES_SUFFIX, "w") as f:
+            json.dump(files, f)

@@ -36,6 +36,9 @@ import traceback
 
 import numpy as np
 
+# {module name: file} of the model files a saved torch module's classes come from
+USER_FILES_SUFFIX = ".modules.json"
+
 
 def _state() -> dict:
     # plus_tvm.threads.snapshot's keys (this script must not import plus_tvm)
@@ -96,11 +99,13 @@ class _Runner:
     def _torch(self, artifact: str, inputs: list[np.ndarray]):
         import torch
 
+        _import_user_files(artifact)
         return self._torch_runner(torch.load(artifact, weights_only=False), inputs)
 
     def _torch_compile(self, artifact: str, inputs: list[np.ndarray]):
         import torch
 
+        _import_user_files(artifact)
         module = torch.compile(torch.load(artifact, weights_only=False))  # its defaults
         return self._torch_runner(module, inputs)
 
@@ -152,6 +157,23 @@ def _flatten(out) -> list[np.ndarray]:
 def _short(err: BaseException) -> str:
     lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
     return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]
+
+
+def _import_user_files(artifact: str) -> None:
+    """Import the model files listed next to ``artifact`` under the names the saved module's
+    classes were pickled with (plus_tvm is not imported here: the worker runs torch alone)."""
+    import importlib.util
+
+    listing = artifact + USER_FILES_SUFFIX
+    if not os.path.exists(listing):
+        return
+    with open(listing) as f:
+        files = json.load(f)
+    for name, path in files.items():
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
 
 
 def main(argv: list[str] | None = None) -> int:
