@@ -213,3 +213,21 @@ def test_bench_writes_json_and_plot(tmp_path, capsys):
     assert result["stats"]["kernels"] == result["backends"]["plus"]["kernels"]
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "onnxruntime" in out and "plus speedup" in out
+
+
+def test_a_closed_output_pipe_stops_quietly():
+    """``plus-tvm ... | head``: the reader goes away, the command stops with 141 (128 +
+    SIGPIPE) and no "internal error" line (before: exit 1, "internal error: BrokenPipeError")."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, plus_tvm.cli as c\n"
+        "def gone(_args):\n"
+        "    raise BrokenPipeError(32, 'Broken pipe')\n"
+        "c.COMMANDS['zoo'] = gone\n"
+        "sys.exit(c.main(['zoo', 'list']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 141, done.stderr
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr

@@ -6,8 +6,9 @@
 ``compile``).
 Every command takes ``--target`` (a name or a JSON dict) and ``--opt KEY=VALUE`` for any
 ``Options`` field. Exit codes: 0 success, 2 bad input (one clear line; ``--debug`` shows the
-traceback), 3 ``run``'s check against the reference failed, 130 interrupted (Ctrl-C), 1 an
-internal error (a bug: please report it). TVM's warnings and Python's FutureWarnings are only
+traceback), 3 ``run``'s check against the reference failed, 130 interrupted (Ctrl-C), 141 the
+reader of the output went away (``| head``: quietly), 1 an internal error (a bug: please
+report it). TVM's warnings and Python's FutureWarnings are only
 shown with ``--verbose``.
 """
 
@@ -23,6 +24,7 @@ EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 EXIT_CHECK_FAILED = 3
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a tool whose reader closed the pipe
 
 
 def _common(p: argparse.ArgumentParser, pipeline: bool = True) -> None:
@@ -435,6 +437,7 @@ def _cmd_warehouse(args: argparse.Namespace) -> int:
         print(f"priority: {entry.priority}")
         print(f"allow_prologue: {str(entry.allow_prologue).lower()}")
         print(f"allow_epilogue: {str(entry.allow_epilogue).lower()}")
+        print(f"batched: {str(entry.batched).lower()}")
         dtypes = ", ".join(cons.dtypes) if cons.dtypes is not None else "any"
         print(
             f"constraints: dtype {dtypes}; static_sizes {str(cons.static_sizes).lower()}; "
@@ -501,6 +504,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("plus-tvm: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader went away (``plus-tvm warehouse show NAME | head``): stop quietly, as
+        # command-line tools do on SIGPIPE; stdout is pointed at /dev/null so that Python's
+        # final flush does not fail a second time
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except MemoryError as err:
         if args.debug:
             raise
