@@ -187,3 +187,34 @@ def test_alibi_bias_of_heads_folded_into_the_batch_dispatches():
     ref = model(q, k, v, alibi, mask).numpy()
     got = np.asarray(compiled(q, k, v, alibi, mask))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "fill,dispatched",
+    [(torch.finfo(torch.float32).min, True), (float("-inf"), True), (-1e4, False)],
+    ids=["finfo-min", "-inf", "-1e4"],
+)
+def test_masked_fill_of_the_scores_is_an_additive_mask_only_when_exact(fill, dispatched):
+    """GPT-Neo's ``where(window, scores, finfo.min)``: adding ``finfo.min`` gives ``finfo.min``
+    for any score, so it is the additive mask ``where(window, 0, finfo.min)``; a fill of -1e4
+    is not (a fully masked row would no longer be uniform) and stays TIR, exact either way."""
+
+    class Windowed(torch.nn.Module):
+        def forward(self, q, k, v, window):
+            scores = torch.where(window, q @ k.transpose(-1, -2), torch.tensor(fill))
+            return scores.softmax(-1) @ v
+
+    q, k, v = (torch.randn(1, 4, 10, 8) for _ in range(3))
+    i = torch.arange(10)
+    window = ((i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < 4))[None, None]
+    if fill != float("-inf"):
+        window = window.clone()
+        window[..., 6, :] = False  # a fully masked row: uniform in torch
+    model = Windowed().eval()
+    compiled = plus_tvm.compile(
+        model, example_args=(q, k, v, window), options=plus_tvm.Options(dispatch_cost_model=False)
+    )
+    assert (compiled.stats["patterns"].get("attention") == 1) == dispatched
+    ref = model(q, k, v, window).numpy()
+    got = np.asarray(compiled(q, k, v, window))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

@@ -83,6 +83,36 @@ def _bias_of_heads(bias: relax.Expr, scores: list, q: list, pre: list) -> relax.
     return pre[-1][0]
 
 
+# fill values whose sum with any score below 1e31 rounds to the fill value itself (float32)
+_SWAMPING = -1e37
+
+
+def _where_as_mask(
+    ctx: Ctx, call: relax.Call, scores: relax.Expr, position: int, pre: list
+) -> relax.Expr | None:
+    """``where(c, s, low)`` (or ``where(c, low, s)``) on the scores ``s`` as the additive mask
+    ``where(c, 0, low)`` (``where(c, low, 0)``), emitted before the call; None unless ``low``
+    is ``-inf`` or, in float32, so low that ``s + low == low`` (exact then), and ``c`` is
+    defined before the attention."""
+    cond, a, b = call.args
+    if a.same_as(scores):
+        fill, keep_first = b, True
+    elif b.same_as(scores):
+        fill, keep_first = a, False
+    else:
+        return None
+    low = ctx.is_scalar_const(fill)
+    dtype = str(scores.ty.dtype)
+    if low is None or not (low == float("-inf") or (dtype == "float32" and low <= _SWAMPING)):
+        return None
+    if not ctx.defined_before(cond, position) or len(shape_of(cond)) > 4:
+        return None
+    zero, fill_c = relax.const(0.0, dtype), relax.const(low, dtype)
+    mask = relax.op.where(cond, zero, fill_c) if keep_first else relax.op.where(cond, fill_c, zero)
+    pre.append(pre_binding("plus_mask", mask))
+    return pre[-1][0]
+
+
 def _rows_of_neg_inf(ctx: Ctx, cond: relax.Expr, mask: relax.Expr) -> bool:
     """``cond`` is ``all(mask == -inf, -1, keepdims)`` as ``CanonicalizeSDPA`` writes it."""
     from ...passes.canonicalize_sdpa import row_condition_source
@@ -153,6 +183,13 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
             if other is None or len(shape_of(other)) != 4:
                 return None
             masks.append(other)  # T5: a position bias, then the padding mask
+        elif op == "relax.where" and not seen_softmax:
+            # masked_fill of the scores with a value so low that adding it gives the same
+            # value (GPT-Neo's causal and local windows: ``where(window, s, finfo.min)``)
+            other = _where_as_mask(ctx, call, ctx.var(cur), nxt, pre)
+            if other is None:
+                return None
+            masks.append(other)
         elif op == "relax.nn.softmax" and not seen_softmax:
             rank = len(shape_of(ctx.var(nxt)))
             if int(call.attrs.axis) not in (-1, rank - 1):
