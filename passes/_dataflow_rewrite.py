@@ -7,7 +7,34 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import tvm
+import tvm_ffi
 from tvm import relax
+
+# element-wise Relax operators: every tensor operand broadcasts to the result, whose rank is
+# the operands' (a view moved past one keeps the values; Conv1dAsConv2d, SinkRowReshapes)
+ELEMENTWISE_OPS = frozenset(
+    (
+        "relax.add",
+        "relax.subtract",
+        "relax.multiply",
+        "relax.divide",
+        "relax.power",
+        "relax.maximum",
+        "relax.minimum",
+        "relax.nn.relu",
+        "relax.nn.gelu",
+        "relax.nn.gelu_tanh",
+        "relax.nn.silu",
+        "relax.nn.leakyrelu",
+        "relax.sigmoid",
+        "relax.tanh",
+        "relax.exp",
+        "relax.sqrt",
+        "relax.rsqrt",
+        "relax.astype",
+        "relax.clip",
+    )
+)
 
 # (binding, block-local state, block builder for typing new calls) -> new value or None
 BindingRewrite = Callable[[relax.VarBinding, dict, relax.BlockBuilder], "relax.Expr | None"]
@@ -141,3 +168,56 @@ def use_counts(block: relax.DataflowBlock, result: relax.Expr) -> dict:
         visit(b.value)
     visit(result)
     return counts
+
+
+# (binding, block builder inside the block's scope) -> the binding's new value (calls may nest:
+# the builder binds each nested call of its own), or None to keep the binding
+NestedRewrite = Callable[[relax.VarBinding, relax.BlockBuilder], "relax.Expr | None"]
+
+
+def rewrite_blocks_nested(
+    func: relax.Function, start_block: Callable[[relax.DataflowBlock], NestedRewrite]
+) -> relax.Function:
+    """Rebuild every dataflow block of ``func`` through a ``BlockBuilder`` scope, asking the
+    rewrite that ``start_block(block)`` returns (per-block state lives in it) for each
+    binding's new value; nested calls of a new value become bindings of their own (ANF), and
+    ``bb.emit`` inside the rewrite binds a value another rewrite reads. ``func`` itself when
+    nothing changed."""
+    blocks, changed = [], False
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            blocks.append(block)
+            continue
+        rewrite = start_block(block)
+        bb = relax.BlockBuilder()
+        bb._begin_dataflow_block()
+        for b in block.bindings:
+            new = rewrite(b, bb)
+            if new is not None:
+                b = relax.VarBinding(b.var, bb.normalize(new))
+                changed = True
+            bb.emit_normalized(b)
+        blocks.append(bb._end_block())
+    if not changed:
+        return func
+    body = relax.SeqExpr(blocks, func.body.body)
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+
+
+def typed_and_clean(mod: tvm.IRModule) -> tvm.IRModule:
+    """``finish`` of the nested rewrites: typed functions, bindings nothing reads dropped."""
+    return relax.transform.DeadCodeElimination()(typed_functions(mod))
+
+
+def tensor_dims(expr: relax.Expr) -> list | None:
+    """The dimensions (PrimExprs) of a tensor expression with a known shape, else None."""
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    values = getattr(ty.shape, "values", None)
+    return list(values) if values is not None else None
+
+
+def same_dims(xs: list, ys: list) -> bool:
+    """Two lists of dimensions, structurally equal one by one."""
+    return len(xs) == len(ys) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(xs, ys))

@@ -23,10 +23,16 @@ is what ``matmul`` does by itself: ``matmul(x, W^T)``.
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm import relax
 
-from ._dataflow_rewrite import map_functions, op_name, typed_functions
+from ._dataflow_rewrite import (
+    map_functions,
+    op_name,
+    rewrite_blocks_nested,
+    same_dims,
+    tensor_dims,
+    typed_and_clean,
+)
 
 
 @tvm.transform.module_pass(opt_level=0, name="CanonicalizeBatchMatmul")
@@ -44,58 +50,32 @@ class CanonicalizeBatchMatmul:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.rewritten = 0
-        return map_functions(mod, self._function, _finish)
+        return map_functions(mod, self._function, typed_and_clean)
 
     def _function(self, func: relax.Function) -> relax.Function:
-        blocks, changed = [], False
-        for block in func.body.blocks:
-            if not isinstance(block, relax.DataflowBlock):
-                blocks.append(block)
-                continue
+        def start(block: relax.DataflowBlock):  # noqa: ANN202
             value_of = {b.var: b.value for b in block.bindings}
-            bb = relax.BlockBuilder()  # new nested calls become bindings of their own (ANF)
-            bb._begin_dataflow_block()
-            for b in block.bindings:
-                new = self._unflatten(b, value_of)
-                if new is not None:
-                    b = relax.VarBinding(b.var, bb.normalize(new))
-                    changed = True
-                bb.emit_normalized(b)
-            blocks.append(bb._end_block())
-        if not changed:
-            return func
-        body = relax.SeqExpr(blocks, func.body.body)
-        return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+            return lambda b, _bb: self._unflatten(b, value_of)
+
+        return rewrite_blocks_nested(func, start)
 
     def _unflatten(self, binding: relax.VarBinding, value_of: dict) -> relax.Expr | None:
         call = binding.value
-        if op_name(call) != "relax.matmul" or _dims(binding.var) is None:
+        if op_name(call) != "relax.matmul" or tensor_dims(binding.var) is None:
             return None
         weight = _unbroadcast(call.args[1], value_of)
-        if weight is not None and len(_dims(call.args[0]) or []) >= len(_dims(weight)):
+        if weight is not None and len(tensor_dims(call.args[0]) or []) >= len(tensor_dims(weight)):
             self.rewritten += 1
             return relax.Call(call.op, [call.args[0], weight], call.attrs, call.ty_args)
         sources = [_flattened_source(a, value_of) for a in call.args]
         if any(s is None for s in sources):
             return None
         (a, a_dims), (b, b_dims) = sources
-        if not _same(a_dims[:-2], b_dims[:-2]):
+        if not same_dims(a_dims[:-2], b_dims[:-2]):
             return None
         self.rewritten += 1
         product = relax.Call(call.op, [a, b], call.attrs, call.ty_args)
         return relax.op.reshape(product, binding.var.ty.shape)
-
-
-def _finish(mod: tvm.IRModule) -> tvm.IRModule:
-    return relax.transform.DeadCodeElimination()(typed_functions(mod))
-
-
-def _dims(expr: relax.Expr) -> list | None:
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    shape = ty.shape
-    return list(shape.values) if hasattr(shape, "values") else None
 
 
 def _unbroadcast(expr: relax.Expr, value_of: dict) -> relax.Expr | None:
@@ -105,14 +85,10 @@ def _unbroadcast(expr: relax.Expr, value_of: dict) -> relax.Expr | None:
     if op_name(value) != "relax.broadcast_to":
         return None
     src = value.args[0]
-    dims, out = _dims(src), _dims(expr)
+    dims, out = tensor_dims(src), tensor_dims(expr)
     if dims is None or out is None or len(dims) != 2 or len(out) <= 2:
         return None
-    return src if _same(dims, out[-2:]) else None
-
-
-def _same(xs: list, ys: list) -> bool:
-    return len(xs) == len(ys) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(xs, ys))
+    return src if same_dims(dims, out[-2:]) else None
 
 
 def _flattened_source(expr: relax.Expr, value_of: dict) -> tuple[relax.Expr, list] | None:
@@ -122,10 +98,10 @@ def _flattened_source(expr: relax.Expr, value_of: dict) -> tuple[relax.Expr, lis
     if op_name(value) != "relax.reshape":
         return None
     src = value.args[0]
-    flat, dims = _dims(expr), _dims(src)
+    flat, dims = tensor_dims(expr), tensor_dims(src)
     if flat is None or dims is None or len(flat) != 3 or len(dims) <= 3:
         return None
-    if not _same(flat[1:], dims[-2:]):
+    if not same_dims(flat[1:], dims[-2:]):
         return None
     analyzer = tvm.sym.Analyzer()
     batch = dims[0]

@@ -25,7 +25,13 @@ from collections.abc import Callable
 import tvm
 from tvm import relax
 
-from ._dataflow_rewrite import map_functions, op_name, typed_functions, use_counts
+from ._dataflow_rewrite import (
+    map_functions,
+    op_name,
+    rewrite_blocks_nested,
+    typed_and_clean,
+    use_counts,
+)
 
 # ``all(x == -inf, -1, keepdims)`` as torch's safe softmax writes it, outermost first, down to
 # ``x == -inf``: ``not(bool(max(int8(not(x == -inf)), -1, keepdims)))``
@@ -65,31 +71,20 @@ class CanonicalizeSDPA:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.hoisted = self.conditions = 0
-        return map_functions(mod, self._function, _finish)
+        return map_functions(mod, self._function, typed_and_clean)
 
     def _function(self, func: relax.Function) -> relax.Function:
-        blocks, changed = [], False
-        for block in func.body.blocks:
-            if not isinstance(block, relax.DataflowBlock):
-                blocks.append(block)
-                continue
+        def start(block: relax.DataflowBlock):  # noqa: ANN202
             value_of = {b.var: b.value for b in block.bindings}
             uses = use_counts(block, func.body.body)
-            bb = relax.BlockBuilder()  # new nested calls become bindings of their own (ANF)
-            bb._begin_dataflow_block()
-            for b in block.bindings:
+
+            def rewrite(b: relax.VarBinding, _bb: relax.BlockBuilder) -> relax.Expr | None:
                 new = self._hoist(b.value, value_of, uses)
-                if new is None:
-                    new = self._safe_softmax(b.value, value_of)
-                if new is not None:
-                    changed = True
-                    b = relax.VarBinding(b.var, bb.normalize(new))
-                bb.emit_normalized(b)
-            blocks.append(bb._end_block())
-        if not changed:
-            return func
-        body = relax.SeqExpr(blocks, func.body.body)
-        return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+                return new if new is not None else self._safe_softmax(b.value, value_of)
+
+            return rewrite
+
+        return rewrite_blocks_nested(func, start)
 
     # ------------------------------------------------------------------ (q c1) @ (k^T c2)
     def _hoist(self, value: relax.Expr, value_of: dict, uses: dict) -> relax.Expr | None:
@@ -132,11 +127,6 @@ class CanonicalizeSDPA:
         self.conditions += 1
         dtype = str(probs.ty.dtype)
         return relax.op.where(_all_neg_inf_rows(mask), relax.const(0.0, dtype), probs)
-
-
-def _finish(mod: tvm.IRModule) -> tvm.IRModule:
-    # typed, then the scaled operands and the old condition dropped
-    return relax.transform.DeadCodeElimination()(typed_functions(mod))
 
 
 def _scalar(expr: relax.Expr) -> float | None:

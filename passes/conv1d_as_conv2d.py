@@ -21,28 +21,15 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ._dataflow_rewrite import map_functions, op_name, typed_functions, use_counts
-
-# element-wise operators the unit axis sinks through (result rank = the operands' rank)
-ELEMENTWISE = frozenset(
-    (
-        "relax.add",
-        "relax.subtract",
-        "relax.multiply",
-        "relax.divide",
-        "relax.maximum",
-        "relax.minimum",
-        "relax.nn.relu",
-        "relax.nn.gelu",
-        "relax.nn.gelu_tanh",
-        "relax.nn.silu",
-        "relax.nn.leakyrelu",
-        "relax.sigmoid",
-        "relax.tanh",
-        "relax.clip",
-        "relax.astype",
-    )
+from ._dataflow_rewrite import (
+    ELEMENTWISE_OPS,
+    map_functions,
+    op_name,
+    rewrite_blocks_nested,
+    typed_and_clean,
+    use_counts,
 )
+
 _UNIT_AXIS = 2  # the height of the NCHW result
 
 
@@ -65,32 +52,25 @@ class Conv1dAsConv2d:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.rewritten = self.sunk = 0
         # the 3-D results nothing reads any more dropped
-        return map_functions(mod, self._function, _finish)
+        return map_functions(mod, self._function, typed_and_clean)
 
     def _function(self, func: relax.Function) -> relax.Function:
-        blocks, changed = [], False
-        for block in func.body.blocks:
-            if not isinstance(block, relax.DataflowBlock):
-                blocks.append(block)
-                continue
+        def start(block: relax.DataflowBlock):  # noqa: ANN202
             uses = use_counts(block, func.body.body)
-            four: dict = {}  # 3-D result var -> its 4-D form (squeeze of it is the var)
-            bb = relax.BlockBuilder()  # new nested calls become bindings of their own (ANF)
-            bb._begin_dataflow_block()
-            for b in block.bindings:
+            four: dict = {}  # 3-D result var -> the var of its 4-D form
+
+            def rewrite(b: relax.VarBinding, bb: relax.BlockBuilder) -> relax.Expr | None:
                 new4 = self._conv(b.value, four)
                 if new4 is None:
                     new4 = self._sink(b.value, four, uses)
-                if new4 is not None:
-                    four[b.var] = new4 = bb.normalize(new4)
-                    b = relax.VarBinding(b.var, bb.normalize(relax.op.squeeze(new4, [_UNIT_AXIS])))
-                    changed = True
-                bb.emit_normalized(b)
-            blocks.append(bb._end_block())
-        if not changed:
-            return func
-        body = relax.SeqExpr(blocks, func.body.body)
-        return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+                if new4 is None:
+                    return None
+                four[b.var] = bb.emit(new4)  # bound once, whoever reads it next
+                return relax.op.squeeze(four[b.var], [_UNIT_AXIS])
+
+            return rewrite
+
+        return rewrite_blocks_nested(func, start)
 
     def _conv(self, call: relax.Expr, four: dict) -> relax.Expr | None:
         if op_name(call) != "relax.nn.conv1d":
@@ -119,7 +99,7 @@ class Conv1dAsConv2d:
     def _sink(self, call: relax.Expr, four: dict, uses: dict) -> relax.Expr | None:
         """``op(..)`` over the 4-D forms when an operand is a squeezed result read only here;
         other operands get the unit axis where the same broadcast needs it."""
-        if op_name(call) not in ELEMENTWISE or not _rank_is(call, 3):
+        if op_name(call) not in ELEMENTWISE_OPS or not _rank_is(call, 3):
             return None
         args, lifted = [], False
         for a in call.args:
@@ -138,10 +118,6 @@ class Conv1dAsConv2d:
             return None
         self.sunk += 1
         return relax.Call(call.op, args, call.attrs, call.ty_args)
-
-
-def _finish(mod: tvm.IRModule) -> tvm.IRModule:
-    return relax.transform.DeadCodeElimination()(typed_functions(mod))
 
 
 def _rank_is(call: relax.Call, rank: int) -> bool:

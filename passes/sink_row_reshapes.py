@@ -23,34 +23,19 @@ dimensions, batch 1, is already transparent to the +Graph builder and stays).
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm import relax
 
-from ._dataflow_rewrite import map_functions, op_name, typed_functions, use_counts
-
-# element-wise operators (every operand broadcasts to the result)
-ELEMENTWISE = frozenset(
-    (
-        "relax.add",
-        "relax.subtract",
-        "relax.multiply",
-        "relax.divide",
-        "relax.power",
-        "relax.maximum",
-        "relax.minimum",
-        "relax.nn.relu",
-        "relax.nn.gelu",
-        "relax.nn.gelu_tanh",
-        "relax.nn.silu",
-        "relax.sigmoid",
-        "relax.tanh",
-        "relax.exp",
-        "relax.sqrt",
-        "relax.rsqrt",
-        "relax.astype",
-        "relax.clip",
-    )
+from ._dataflow_rewrite import (
+    ELEMENTWISE_OPS,
+    map_functions,
+    op_name,
+    rewrite_blocks_nested,
+    same_dims,
+    tensor_dims,
+    typed_and_clean,
+    use_counts,
 )
+
 # operators over the last axis only (checked on their attributes)
 ROW_OPS = frozenset(
     ("relax.nn.layer_norm", "relax.nn.rms_norm", "relax.nn.softmax", "relax.mean", "relax.sum")
@@ -72,43 +57,35 @@ class SinkRowReshapes:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.sunk = 0
-        return map_functions(mod, self._function, _finish)
+        return map_functions(mod, self._function, typed_and_clean)
 
     def _function(self, func: relax.Function) -> relax.Function:
-        blocks, changed = [], False
-        for block in func.body.blocks:
-            if not isinstance(block, relax.DataflowBlock):
-                blocks.append(block)
-                continue
+        def start(block: relax.DataflowBlock):  # noqa: ANN202
             uses = use_counts(block, func.body.body)
-            rows: dict = {}  # var bound to a row-regrouping reshape -> (its source, rows shape)
-            bb = relax.BlockBuilder()  # new nested calls become bindings of their own (ANF)
-            bb._begin_dataflow_block()
-            for b in block.bindings:
+            rows: dict = {}  # var bound to a row-regrouping reshape -> (its source, its dims)
+
+            def rewrite(b: relax.VarBinding, bb: relax.BlockBuilder) -> relax.Expr | None:
                 found = _row_reshape(b.value)
                 if found is not None:
                     rows[b.var] = found
                 new = self._sink(b, rows, uses)
-                if new is not None:
-                    inner, shape = new
-                    inner = bb.emit(inner)  # a binding of its own: read by the next operator
-                    b = relax.VarBinding(b.var, bb.normalize(relax.op.reshape(inner, shape)))
-                    rows[b.var] = (inner, _dims(inner))
-                    changed = True
-                bb.emit_normalized(b)
-            blocks.append(bb._end_block())
-        if not changed:
-            return func
-        body = relax.SeqExpr(blocks, func.body.body)
-        return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+                if new is None:
+                    return None
+                inner = bb.emit(new[0])  # a binding of its own: the next operator reads it
+                rows[b.var] = (inner, tensor_dims(inner))
+                return relax.op.reshape(inner, new[1])
+
+            return rewrite
+
+        return rewrite_blocks_nested(func, start)
 
     def _sink(
         self, binding: relax.VarBinding, rows: dict, uses: dict
     ) -> tuple[relax.Expr, list] | None:
         call = binding.value
         op = op_name(call)
-        out = _dims(binding.var)
-        if out is None or not (op in ELEMENTWISE or (op in ROW_OPS and _last_axis(call))):
+        out = tensor_dims(binding.var)
+        if out is None or not (op in ELEMENTWISE_OPS or (op in ROW_OPS and _last_axis(call))):
             return None
         tensors = [a for a in call.args if isinstance(getattr(a, "ty", None), relax.TensorType)]
         lead = next(
@@ -122,8 +99,8 @@ class SinkRowReshapes:
         if lead is None:
             return None
         source, x_dims = rows[lead]
-        r_dims = _dims(lead)
-        if not _same(out[:-1], r_dims[:-1]):  # the result has the reshape's rows
+        r_dims = tensor_dims(lead)
+        if not same_dims(out[:-1], r_dims[:-1]):  # the result has the reshape's rows
             return None
         args = []
         for a in call.args:
@@ -141,16 +118,12 @@ class SinkRowReshapes:
         return inner, out
 
 
-def _finish(mod: tvm.IRModule) -> tvm.IRModule:
-    return relax.transform.DeadCodeElimination()(typed_functions(mod))
-
-
 def _row_reshape(value: relax.Expr) -> tuple[relax.Expr, list] | None:
     """(source, its dims) for a static ``reshape`` keeping the last dimension (rows regrouped)."""
     if op_name(value) != "relax.reshape":
         return None
     src = value.args[0]
-    dims = _dims(src)
+    dims = tensor_dims(src)
     out = _static(value.args[1])
     if dims is None or out is None or not dims or not out:
         return None
@@ -163,14 +136,14 @@ def _row_reshape(value: relax.Expr) -> tuple[relax.Expr, list] | None:
 
 def _operand(a: relax.Expr, r_dims: list, x_dims: list, parameter: bool) -> relax.Expr | None:
     """Operand ``a`` of an operator on ``r`` (dims ``r_dims``) moved onto ``x`` (``x_dims``)."""
-    dims = _dims(a)
+    dims = tensor_dims(a)
     if dims is None:
         return None
     if not dims or parameter:  # a scalar; LayerNorm's gamma / beta (over the last axis)
         return a if len(dims) <= 1 else None
-    if _same(dims, r_dims):  # full shape: the same rows regrouped
+    if same_dims(dims, r_dims):  # full shape: the same rows regrouped
         return relax.op.reshape(a, x_dims)
-    if _same(dims, [*r_dims[:-1], 1]):  # one value per row
+    if same_dims(dims, [*r_dims[:-1], 1]):  # one value per row
         return relax.op.reshape(a, [*x_dims[:-1], 1])
     if all(_is_one(d) for d in dims[:-1]):  # broadcasts along the last axis only
         return a if len(dims) <= len(x_dims) else relax.op.reshape(a, [dims[-1]])
@@ -178,7 +151,7 @@ def _operand(a: relax.Expr, r_dims: list, x_dims: list, parameter: bool) -> rela
 
 
 def _last_axis(call: relax.Call) -> bool:
-    rank = len(_dims(call.args[0]) or [])
+    rank = len(tensor_dims(call.args[0]) or [])
     at = call.attrs
     if op_name(call) == "relax.nn.softmax":
         axes = [int(at.axis)]
@@ -187,14 +160,6 @@ def _last_axis(call: relax.Call) -> bool:
         if op_name(call) in ("relax.mean", "relax.sum") and not bool(at.keepdims):
             return False
     return rank > 0 and [a % rank for a in axes] == [rank - 1]
-
-
-def _dims(expr: relax.Expr) -> list | None:
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    shape = ty.shape
-    return list(shape.values) if hasattr(shape, "values") else None
 
 
 def _static(shape: relax.Expr) -> list[int] | None:
@@ -206,7 +171,3 @@ def _static(shape: relax.Expr) -> list[int] | None:
 
 def _is_one(d: object) -> bool:
     return isinstance(d, tvm.tirx.IntImm) and int(d) == 1
-
-
-def _same(xs: list, ys: list) -> bool:
-    return len(xs) == len(ys) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(xs, ys))
