@@ -1,16 +1,17 @@
 """CanonicalizeBatchMatmul: batched matmuls in the form whose loops line up with their
 neighbours', so that the +Graph of a batch above 1 is the +Graph of batch 1 repeated.
 
-**Flattened operands.**
-torch's decomposition of a 4-D ``q @ k^T`` (attention over ``[B, H, S, D]``) flattens both
-operands to ``[B*H, S, D]``, multiplies, and reshapes the ``[B*H, S, S]`` result back to
-``[B, H, S, S]`` for the mask and the softmax. With a batch of 1 the unit ``B`` disappears and
-every loop of the attention is ``H``; with ``B > 1`` the product runs over one loop of ``B*H``
-and the mask over two loops ``B`` and ``H``, which no +Graph primitive can merge, so nothing
-matched the attention entry (BERT, OPT, T5 at batch 2: batched GEMMs and a TIR softmax, twice
-the kernels). ``matmul(reshape(A), reshape(B))`` where both reshapes only flatten the same
-leading dimensions is ``reshape(matmul(A, B))``: this pass rewrites it so, and the loops of the
-product are the mask's (``SimplifyViews`` then folds the reshape with the one after it).
+**Flattened operands.** torch's decomposition of a 4-D ``q @ k^T`` (attention over ``[B, H, S,
+D]``) flattens both operands to ``[B*H, S, D]``, multiplies, and reshapes the ``[B*H, S, S]``
+result back to ``[B, H, S, S]`` for the mask and the softmax. With a batch of 1 the unit ``B``
+disappears and every loop of the attention is ``H``; with ``B > 1`` the product runs over one
+loop of ``B*H`` and the mask over two loops ``B`` and ``H``, which no +Graph primitive can
+merge, so nothing matched the attention entry (BERT, OPT, T5 at batch 2: batched GEMMs and a TIR
+softmax, twice the kernels). ``matmul(reshape(A), reshape(B))`` where both reshapes only flatten
+the same leading dimensions is ``reshape(matmul(A, B))``: this pass rewrites it so, and the
+loops of the product are the mask's (``SimplifyViews`` then folds the reshape with the one after
+it). A ``permute_dims(.., [0, 2, 1])`` of such a reshape (BLOOM flattens heads itself, then
+transposes k in 3-D) is the same transpose of the source's last two axes.
 
 **Broadcast weights.** torch decomposes ``linear`` of a 3-D input it cannot view as 2-D (the
 attention's output after its head transposes, batch above 1) into ``matmul(x,
@@ -78,6 +79,11 @@ class CanonicalizeBatchMatmul:
         return relax.op.reshape(product, binding.var.ty.shape)
 
 
+def _axes(call: relax.Call) -> list[int] | None:
+    axes = call.attrs.axes
+    return None if axes is None else [int(a) for a in axes]
+
+
 def _unbroadcast(expr: relax.Expr, value_of: dict) -> relax.Expr | None:
     """The source of ``expr = broadcast_to(src, [..., K, N])`` when the broadcast only adds
     leading dimensions to a 2-D ``src``; else None."""
@@ -93,8 +99,21 @@ def _unbroadcast(expr: relax.Expr, value_of: dict) -> relax.Expr | None:
 
 def _flattened_source(expr: relax.Expr, value_of: dict) -> tuple[relax.Expr, list] | None:
     """(source, its dims) when ``expr`` is a 3-D ``reshape`` of a tensor of rank > 3 that
-    flattens its leading dimensions and keeps the last two."""
+    flattens its leading dimensions and keeps the last two; or the transpose of the last two
+    axes of one (BLOOM's k^T: the source transposed the same way)."""
     value = value_of.get(expr) if isinstance(expr, relax.Var) else None
+    if op_name(value) == "relax.broadcast_to" and same_dims(
+        tensor_dims(value.args[0]) or [], tensor_dims(expr) or [None]
+    ):
+        return _flattened_source(value.args[0], value_of)  # torch's same-shape expand
+    if op_name(value) == "relax.permute_dims" and _axes(value) == [0, 2, 1]:
+        found = _flattened_source(value.args[0], value_of)
+        if found is None:
+            return None
+        src, dims = found
+        n = len(dims)
+        swapped = relax.op.permute_dims(src, [*range(n - 2), n - 1, n - 2])
+        return swapped, [*dims[:-2], dims[-1], dims[-2]]
     if op_name(value) != "relax.reshape":
         return None
     src = value.args[0]

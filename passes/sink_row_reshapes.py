@@ -8,16 +8,17 @@ and the ``B`` and ``S`` loops of its epilogue cannot be merged (no +Graph primit
 loop), so the epilogue matched nothing: BERT at batch 2 ran its GELUs, residual adds and
 LayerNorms as TIR kernels after each linear instead of inside the call.
 
-For ``r = reshape(x, S)`` keeping the last dimension, and ``y = f(r, ...)`` with ``f``
-element-wise, or a LayerNorm / RMSNorm / softmax / reduction over the last axis, ``y`` is
-``reshape(f(x, ...), S')``: the other operands are reshaped to ``x``'s rows where they have
-``r``'s shape (a residual), or to rows of one element where they have ``r``'s rows and one
-column (a mean kept with ``keepdims``), and are left as they are where they broadcast along
-the last axis only (a bias, gamma, a scalar). Repeated, the reshape travels down the chain to
-the next operator that needs its shape, where ``SimplifyViews`` folds it into the next
-flattening. Only static, single-use reshapes that regroup rows of more than one element move
-(a reshape read twice would be computed both ways; one that only adds or drops unit
-dimensions, batch 1, is already transparent to the +Graph builder and stays).
+For ``r = reshape(x, S)`` keeping the last dimension, and ``y = f(r, ...)`` with ``f`` element-
+wise, or a LayerNorm / RMSNorm / softmax / reduction over the last axis, ``y`` is ``reshape(f(x,
+...), S')``: each other operand takes, per group of dimensions the reshape regroups, either
+``x``'s dimensions (it is complete there: a residual) or ones (it broadcasts there: a mean kept
+with ``keepdims``, BLOOM's ALiBi ``[B*H, 1, S]`` -> ``[B, H, 1, S]``), and stays as it is where
+it broadcasts along the last axis only (a bias, gamma, a scalar); an operand broadcast over part
+of a group (no such reshape exists) stops the sinking. Repeated, the reshape travels down the
+chain to the next operator that needs its shape, where ``SimplifyViews`` folds it into the next
+flattening. Only static, single-use reshapes that regroup rows of more than one element move (a
+reshape read twice would be computed both ways; one that only adds or drops unit dimensions,
+batch 1, is already transparent to the +Graph builder and stays).
 """
 
 from __future__ import annotations
@@ -135,19 +136,60 @@ def _row_reshape(value: relax.Expr) -> tuple[relax.Expr, list] | None:
 
 
 def _operand(a: relax.Expr, r_dims: list, x_dims: list, parameter: bool) -> relax.Expr | None:
-    """Operand ``a`` of an operator on ``r`` (dims ``r_dims``) moved onto ``x`` (``x_dims``)."""
+    """Operand ``a`` of an operator on ``r`` (dims ``r_dims``) moved onto ``x`` (``x_dims``):
+    the same broadcast against ``x`` as against ``r``, or None when there is none."""
     dims = tensor_dims(a)
     if dims is None:
         return None
     if not dims or parameter:  # a scalar; LayerNorm's gamma / beta (over the last axis)
         return a if len(dims) <= 1 else None
-    if same_dims(dims, r_dims):  # full shape: the same rows regrouped
-        return relax.op.reshape(a, x_dims)
-    if same_dims(dims, [*r_dims[:-1], 1]):  # one value per row
-        return relax.op.reshape(a, [*x_dims[:-1], 1])
-    if all(_is_one(d) for d in dims[:-1]):  # broadcasts along the last axis only
-        return a if len(dims) <= len(x_dims) else relax.op.reshape(a, [dims[-1]])
-    return None
+    shape = _ints(dims) if all(_is_int(d) for d in dims) else None
+    if shape is None or len(shape) > len(r_dims):
+        return None
+    moved = _regrouped([1] * (len(r_dims) - len(shape)) + shape, _ints(r_dims), _ints(x_dims))
+    if moved is None:
+        return None
+    if moved[len(moved) - len(shape) :] == shape and all(d == 1 for d in moved[: -len(shape)]):
+        return a  # already broadcasts against x the same way (a bias over the last axis)
+    return relax.op.reshape(a, moved)
+
+
+def _regrouped(operand: list[int], r: list[int], x: list[int]) -> list[int] | None:
+    """The operand's dims for ``x`` when ``r`` is ``x`` regrouped: per group of dims whose
+    products agree, the operand is either complete there (it takes ``x``'s dims) or all ones
+    (a broadcast: ones); any other operand (a partial broadcast inside a group) is None.
+    BLOOM's ALiBi ``[B*H, 1, S]`` on scores ``[B*H, S, S]`` from ``[B, H, S, S]``: ``[B, H, 1,
+    S]``; a residual: ``x``'s dims; one value per row ``[.., 1]``: ``x``'s rows and one."""
+    out: list[int] = []
+    i = j = 0
+    while i < len(r) or j < len(x):
+        i0, j0 = i, j
+        pr = r[i] if i < len(r) else 1
+        px = x[j] if j < len(x) else 1
+        i, j = i + 1, j + 1
+        while pr != px:
+            if pr < px and i < len(r):
+                pr, i = pr * r[i], i + 1
+            elif px < pr and j < len(x):
+                px, j = px * x[j], j + 1
+            else:
+                return None
+        part = operand[i0:i]
+        if all(d == 1 for d in part):
+            out += [1] * (j - j0)
+        elif part == r[i0:i]:
+            out += x[j0:j]
+        else:
+            return None
+    return out if len(out) == len(x) else None
+
+
+def _ints(dims: list) -> list[int]:
+    return [int(d) for d in dims]
+
+
+def _is_int(d: object) -> bool:
+    return isinstance(d, tvm.tirx.IntImm)
 
 
 def _last_axis(call: relax.Call) -> bool:

@@ -162,10 +162,12 @@ def test_multi_query_heads_dispatch(form):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
-def test_alibi_bias_of_heads_folded_into_the_batch_dispatches():
+@pytest.mark.parametrize("batch", [1, 2])
+def test_alibi_bias_of_heads_folded_into_the_batch_dispatches(batch):
     """BLOOM's attention: heads folded into the batch (``[B*H, S, D]``), k^T as a 3-D
     transpose, an ALiBi bias ``[B*H, 1, S]`` added before the head split, then the causal mask:
-    one attention call with the bias as part of its mask."""
+    one attention call with the bias as part of its mask, at batch 1 (the binder's 3-D bias)
+    and 2 (CanonicalizeBatchMatmul unflattens the product, SinkRowReshapes regroups the bias)."""
 
     class Alibi(torch.nn.Module):
         def forward(self, q, k, v, alibi, mask):
@@ -174,9 +176,9 @@ def test_alibi_bias_of_heads_folded_into_the_batch_dispatches():
             probs = (scores.view(b, h, s, s) + mask).softmax(-1)
             return (probs.view(b * h, s, s) @ v.reshape(b * h, s, d)).view(b, h, s, d)
 
-    q, k, v = (torch.randn(1, 4, 9, 8) for _ in range(3))  # batch 1: BLOOM's form at batch 2
-    alibi = torch.randn(4, 1, 9)  # (heads flattened by the model itself) is not matched yet
-    mask = torch.triu(torch.full((9, 9), float("-inf")), 1).expand(1, 1, 9, 9).contiguous()
+    q, k, v = (torch.randn(batch, 4, 9, 8) for _ in range(3))
+    alibi = torch.randn(batch * 4, 1, 9)
+    mask = torch.triu(torch.full((9, 9), float("-inf")), 1).expand(batch, 1, 9, 9).contiguous()
     model = Alibi().eval()
     compiled = plus_tvm.compile(
         model,
