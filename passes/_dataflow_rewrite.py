@@ -204,6 +204,20 @@ def rewrite_blocks_nested(
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
 
 
+def rewrite_nested(
+    mod: tvm.IRModule,
+    start_block: Callable[[relax.DataflowBlock, relax.Function], NestedRewrite],
+) -> tvm.IRModule:
+    """:func:`rewrite_blocks_nested` on every Relax function of ``mod`` (``start_block`` also
+    gets the function: use counts need its result), then :func:`typed_and_clean`; ``mod``
+    itself when nothing changed, never mutated."""
+
+    def per_function(func: relax.Function) -> relax.Function:
+        return rewrite_blocks_nested(func, lambda block: start_block(block, func))
+
+    return map_functions(mod, per_function, typed_and_clean)
+
+
 def typed_and_clean(mod: tvm.IRModule) -> tvm.IRModule:
     """``finish`` of the nested rewrites: typed functions, bindings nothing reads dropped."""
     return relax.transform.DeadCodeElimination()(typed_functions(mod))

@@ -27,12 +27,11 @@ import tvm
 from tvm import relax
 
 from ._dataflow_rewrite import (
-    map_functions,
+    NestedRewrite,
     op_name,
-    rewrite_blocks_nested,
+    rewrite_nested,
     same_dims,
     tensor_dims,
-    typed_and_clean,
 )
 
 
@@ -51,14 +50,12 @@ class CanonicalizeBatchMatmul:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.rewritten = 0
-        return map_functions(mod, self._function, typed_and_clean)
+        return rewrite_nested(mod, self._start)
 
-    def _function(self, func: relax.Function) -> relax.Function:
-        def start(block: relax.DataflowBlock):  # noqa: ANN202
-            value_of = {b.var: b.value for b in block.bindings}
-            return lambda b, _bb: self._unflatten(b, value_of)
-
-        return rewrite_blocks_nested(func, start)
+    def _start(self, block: relax.DataflowBlock, _func: relax.Function) -> NestedRewrite:
+        """The rewrite of one block (its state: what the block binds)."""
+        value_of = {b.var: b.value for b in block.bindings}
+        return lambda b, _bb: self._unflatten(b, value_of)
 
     def _unflatten(self, binding: relax.VarBinding, value_of: dict) -> relax.Expr | None:
         call = binding.value

@@ -26,10 +26,9 @@ import tvm
 from tvm import relax
 
 from ._dataflow_rewrite import (
-    map_functions,
+    NestedRewrite,
     op_name,
-    rewrite_blocks_nested,
-    typed_and_clean,
+    rewrite_nested,
     use_counts,
 )
 
@@ -71,20 +70,18 @@ class CanonicalizeSDPA:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.hoisted = self.conditions = 0
-        return map_functions(mod, self._function, typed_and_clean)
+        return rewrite_nested(mod, self._start)
 
-    def _function(self, func: relax.Function) -> relax.Function:
-        def start(block: relax.DataflowBlock):  # noqa: ANN202
-            value_of = {b.var: b.value for b in block.bindings}
-            uses = use_counts(block, func.body.body)
+    def _start(self, block: relax.DataflowBlock, func: relax.Function) -> NestedRewrite:
+        """The rewrite of one block (its state: what the block binds, use counts)."""
+        value_of = {b.var: b.value for b in block.bindings}
+        uses = use_counts(block, func.body.body)
 
-            def rewrite(b: relax.VarBinding, _bb: relax.BlockBuilder) -> relax.Expr | None:
-                new = self._hoist(b.value, value_of, uses)
-                return new if new is not None else self._safe_softmax(b.value, value_of)
+        def rewrite(b: relax.VarBinding, _bb: relax.BlockBuilder) -> relax.Expr | None:
+            new = self._hoist(b.value, value_of, uses)
+            return new if new is not None else self._safe_softmax(b.value, value_of)
 
-            return rewrite
-
-        return rewrite_blocks_nested(func, start)
+        return rewrite
 
     # ------------------------------------------------------------------ (q c1) @ (k^T c2)
     def _hoist(self, value: relax.Expr, value_of: dict, uses: dict) -> relax.Expr | None:

@@ -23,10 +23,9 @@ from tvm import relax
 
 from ._dataflow_rewrite import (
     ELEMENTWISE_OPS,
-    map_functions,
+    NestedRewrite,
     op_name,
-    rewrite_blocks_nested,
-    typed_and_clean,
+    rewrite_nested,
     use_counts,
 )
 
@@ -52,25 +51,23 @@ class Conv1dAsConv2d:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.rewritten = self.sunk = 0
         # the 3-D results nothing reads any more dropped
-        return map_functions(mod, self._function, typed_and_clean)
+        return rewrite_nested(mod, self._start)
 
-    def _function(self, func: relax.Function) -> relax.Function:
-        def start(block: relax.DataflowBlock):  # noqa: ANN202
-            uses = use_counts(block, func.body.body)
-            four: dict = {}  # 3-D result var -> the var of its 4-D form
+    def _start(self, block: relax.DataflowBlock, func: relax.Function) -> NestedRewrite:
+        """The rewrite of one block (its state: what the block binds, use counts)."""
+        uses = use_counts(block, func.body.body)
+        four: dict = {}  # 3-D result var -> the var of its 4-D form
 
-            def rewrite(b: relax.VarBinding, bb: relax.BlockBuilder) -> relax.Expr | None:
-                new4 = self._conv(b.value, four)
-                if new4 is None:
-                    new4 = self._sink(b.value, four, uses)
-                if new4 is None:
-                    return None
-                four[b.var] = bb.emit(new4)  # bound once, whoever reads it next
-                return relax.op.squeeze(four[b.var], [_UNIT_AXIS])
+        def rewrite(b: relax.VarBinding, bb: relax.BlockBuilder) -> relax.Expr | None:
+            new4 = self._conv(b.value, four)
+            if new4 is None:
+                new4 = self._sink(b.value, four, uses)
+            if new4 is None:
+                return None
+            four[b.var] = bb.emit(new4)  # bound once, whoever reads it next
+            return relax.op.squeeze(four[b.var], [_UNIT_AXIS])
 
-            return rewrite
-
-        return rewrite_blocks_nested(func, start)
+        return rewrite
 
     def _conv(self, call: relax.Expr, four: dict) -> relax.Expr | None:
         if op_name(call) != "relax.nn.conv1d":
@@ -93,7 +90,7 @@ class Conv1dAsConv2d:
             groups=int(at.groups),
             data_layout="NCHW",
             kernel_layout="OIHW",
-            out_dtype=str(at.out_dtype) if str(at.out_dtype) else None,
+            out_dtype=at.out_dtype,  # None (ONNX: the input's dtype) stays None
         )
 
     def _sink(self, call: relax.Expr, four: dict, uses: dict) -> relax.Expr | None:

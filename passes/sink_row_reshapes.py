@@ -28,12 +28,11 @@ from tvm import relax
 
 from ._dataflow_rewrite import (
     ELEMENTWISE_OPS,
-    map_functions,
+    NestedRewrite,
     op_name,
-    rewrite_blocks_nested,
+    rewrite_nested,
     same_dims,
     tensor_dims,
-    typed_and_clean,
     use_counts,
 )
 
@@ -58,27 +57,25 @@ class SinkRowReshapes:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.sunk = 0
-        return map_functions(mod, self._function, typed_and_clean)
+        return rewrite_nested(mod, self._start)
 
-    def _function(self, func: relax.Function) -> relax.Function:
-        def start(block: relax.DataflowBlock):  # noqa: ANN202
-            uses = use_counts(block, func.body.body)
-            rows: dict = {}  # var bound to a row-regrouping reshape -> (its source, its dims)
+    def _start(self, block: relax.DataflowBlock, func: relax.Function) -> NestedRewrite:
+        """The rewrite of one block (its state: what the block binds, use counts)."""
+        uses = use_counts(block, func.body.body)
+        rows: dict = {}  # var bound to a row-regrouping reshape -> (its source, its dims)
 
-            def rewrite(b: relax.VarBinding, bb: relax.BlockBuilder) -> relax.Expr | None:
-                found = _row_reshape(b.value)
-                if found is not None:
-                    rows[b.var] = found
-                new = self._sink(b, rows, uses)
-                if new is None:
-                    return None
-                inner = bb.emit(new[0])  # a binding of its own: the next operator reads it
-                rows[b.var] = (inner, tensor_dims(inner))
-                return relax.op.reshape(inner, new[1])
+        def rewrite(b: relax.VarBinding, bb: relax.BlockBuilder) -> relax.Expr | None:
+            found = _row_reshape(b.value)
+            if found is not None:
+                rows[b.var] = found
+            new = self._sink(b, rows, uses)
+            if new is None:
+                return None
+            inner = bb.emit(new[0])  # a binding of its own: the next operator reads it
+            rows[b.var] = (inner, tensor_dims(inner))
+            return relax.op.reshape(inner, new[1])
 
-            return rewrite
-
-        return rewrite_blocks_nested(func, start)
+        return rewrite
 
     def _sink(
         self, binding: relax.VarBinding, rows: dict, uses: dict
@@ -209,7 +206,3 @@ def _static(shape: relax.Expr) -> list[int] | None:
     if values is None or not all(isinstance(v, tvm.tirx.IntImm) for v in values):
         return None
     return [int(v) for v in values]
-
-
-def _is_one(d: object) -> bool:
-    return isinstance(d, tvm.tirx.IntImm) and int(d) == 1

@@ -99,3 +99,24 @@ def test_a_result_read_twice_keeps_its_squeeze():
     got = plus_tvm.compile(model, example_args=(x,))(x)
     for g, r in zip(got, model(x)):
         np.testing.assert_allclose(np.asarray(g), r.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_conv1d_without_out_dtype_is_rewritten():
+    """The ONNX importer leaves ``out_dtype`` unset (the input's dtype); the rewrite kept it as
+    the string "None" and failed ("unknown dtype"): 12 ONNX node tests (CausalConvWithState)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 9), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 4, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.conv1d(x, w, padding=[1, 1])))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    rewrite = Conv1dAsConv2d()
+    assert rewrite(mod) is not mod and rewrite.rewritten == 1
+    xs, ws = np.random.rand(1, 4, 9).astype("float32"), np.random.rand(8, 4, 3).astype("float32")
+    got = np.asarray(plus_tvm.compile((mod, {}))(xs, ws))
+    ref = F.conv1d(torch.from_numpy(xs), torch.from_numpy(ws), padding=1).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
