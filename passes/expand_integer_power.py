@@ -17,7 +17,8 @@ CPU too.
 from __future__ import annotations
 
 import tvm
-from plus_tvm.tir_expr import map_blocks
+from plus_tvm.tir_blocks import stores_any
+from plus_tvm.tir_blocks.rebuild import map_blocks
 from tvm import tirx
 
 MAX_EXPONENT = 4
@@ -72,6 +73,4 @@ def expand_power(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
 def _has_pow(func: tirx.PrimFunc) -> bool:
     """Whether a block of ``func`` stores a value computed with ``pow`` (most kernels do not,
     and are left untouched without rebuilding them)."""
-    from plus_tvm.mapping.tir_analysis import stores_any
-
     return stores_any(func, lambda e: isinstance(e, tvm.ir.Call) and e.op.same_as(_POW))

@@ -15,7 +15,8 @@ cross-thread reduction lowering must recognise the combiner.
 from __future__ import annotations
 
 import tvm
-from plus_tvm.tir_expr import map_blocks
+from plus_tvm.tir_blocks import stores_any
+from plus_tvm.tir_blocks.rebuild import map_blocks
 from tvm import tirx
 
 
@@ -83,6 +84,4 @@ _PLAIN = (tirx.Var, tvm.ir.TensorLoad, tirx.FloatImm, tirx.IntImm, tirx.Broadcas
 
 
 def _has_float_minmax(func: tirx.PrimFunc) -> bool:
-    from plus_tvm.mapping.tir_analysis import stores_any
-
     return stores_any(func, lambda e: isinstance(e, (tirx.Max, tirx.Min)) and "float" in str(e.ty))

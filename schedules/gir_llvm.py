@@ -28,7 +28,7 @@ from plus_tvm.errors import TVM_REFUSAL
 from plus_tvm.gir.analysis import tvm_structural_equal
 from plus_tvm.gir.lowering import permuted_reads, vectorizable_math
 from plus_tvm.gir.search import Plan, plan_for_rule
-from plus_tvm.mapping.tir_analysis import _walk_expr
+from plus_tvm.tir_blocks import walk_expr
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
 
@@ -251,7 +251,7 @@ def _flat(block: s_tir.SBlock) -> bool:
         ):
             found.append(node)
 
-    _walk_expr(store.value, visit)
+    walk_expr(store.value, visit)
     return not found
 
 

@@ -16,7 +16,7 @@ from tvm import relax, tirx
 
 def _pows(mod: tvm.IRModule) -> list[float]:
     """The exponents of the pow calls left in the module's PrimFuncs."""
-    from plus_tvm.mapping.tir_analysis import _blocks, _stores, _walk_expr
+    from plus_tvm.tir_blocks import blocks, stores, walk_expr
 
     found: list[float] = []
 
@@ -27,9 +27,9 @@ def _pows(mod: tvm.IRModule) -> list[float]:
 
     for _, func in mod.functions_items():
         if isinstance(func, tirx.PrimFunc):
-            for block in _blocks(func.body):
-                for store in _stores(block.body):
-                    _walk_expr(store.value, look)
+            for block in blocks(func.body):
+                for store in stores(block.body):
+                    walk_expr(store.value, look)
     return found
 
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tvm
 from plus_tvm.plusgraph import (
-    Access,
-    BasicOp,
+    LoopOperator,
     PlusGraphBuilder,
     PlusGraphSyntaxError,
+    TensorAccess,
     full_match,
     parse_plusgraph,
     partial_match,
@@ -21,13 +21,13 @@ from tvm.script import tirx as T  # noqa: N812
 
 
 def op(name, sizes, reduce, ops, reads, writes):
-    return BasicOp(
+    return LoopOperator(
         name,
         tuple(sizes),
         tuple(reduce),
         tuple(ops),
-        tuple(Access(t, tuple(d)) for t, d in reads),
-        tuple(Access(t, tuple(d)) for t, d in writes),
+        tuple(TensorAccess(t, tuple(d)) for t, d in reads),
+        tuple(TensorAccess(t, tuple(d)) for t, d in writes),
     )
 
 
@@ -168,7 +168,7 @@ def test_batch_matmul_collapse_primitive4():
         "      loop3 [64, non-para, (dot, mul)]"
     )
     b = PlusGraphBuilder()
-    for o in __import__("plus_tvm.plusgraph", fromlist=["basic_ops"]).basic_ops(
+    for o in __import__("plus_tvm.plusgraph", fromlist=["loop_operators"]).loop_operators(
         func, ["a", "b", "c"], "f"
     ):
         b.add(o)

@@ -2,7 +2,7 @@
 
 +Graph identification needs loop structure, so every Relax operator call is legalized on its
 own (memoised by operator, attributes and argument types) and its PrimFunc's blocks become
-``BasicOp``s whose tensors carry the block's Relax variable names. A ``call_tir`` of a user's
+``LoopOperator``s whose tensors carry the block's Relax variable names. A ``call_tir`` of a user's
 PrimFunc is read directly (the Relax paper's analysis feedback). Anything else -- tuples,
 library calls, operators without a legalization -- is an opaque node that never joins a
 subgraph.
@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 
 from .. import interrupt
-from ..plusgraph import BasicOp, basic_ops
+from ..plusgraph import LoopOperator, loop_operators
 
 
 @dataclass
@@ -27,7 +27,7 @@ class OpNode:
     var: relax.Var
     call: relax.Call | None
     op_name: str  # "relax.matmul", "call_tir:<name>", "" for opaque bindings
-    basic: list[BasicOp] = field(default_factory=list)
+    basic: list[LoopOperator] = field(default_factory=list)
     inputs: list[int] = field(default_factory=list)  # producer node indices inside the block
     consumers: list[int] = field(default_factory=list)
 
@@ -63,7 +63,7 @@ class OpGraph:
                 self.outside_uses.add(node.index)
         for node in self.nodes:
             if node.call is not None:
-                node.basic = _basic_ops(node, self, mod, cache)
+                node.basic = _loop_operators(node, self, mod, cache)
 
     def name(self, expr: relax.Expr) -> str:
         key = expr.id_
@@ -97,7 +97,9 @@ def _is_tensor(expr: relax.Expr) -> bool:
     return isinstance(expr.ty, relax.TensorType)
 
 
-def _basic_ops(node: OpNode, graph: OpGraph, mod: tvm.IRModule, cache: dict) -> list[BasicOp]:
+def _loop_operators(
+    node: OpNode, graph: OpGraph, mod: tvm.IRModule, cache: dict
+) -> list[LoopOperator]:
     call = node.call
     out_name = graph.name(node.var)
     if node.op_name.startswith("call_tir:"):
@@ -108,7 +110,7 @@ def _basic_ops(node: OpNode, graph: OpGraph, mod: tvm.IRModule, cache: dict) -> 
         names = [graph.name(a) for a in args.fields] + [out_name]
         if len(names) != len(func.params):
             return []
-        return basic_ops(func, names, out_name)
+        return loop_operators(func, names, out_name)
     if not node.op_name or not _is_tensor(node.var):
         return []
     tensor_args = [a for a in call.args if isinstance(a, (relax.Var, tvm.ir.expr.Constant))]
@@ -129,7 +131,7 @@ def _basic_ops(node: OpNode, graph: OpGraph, mod: tvm.IRModule, cache: dict) -> 
     if len(names) != len(func.params):
         return []
     del tensor_args
-    return basic_ops(func, names, out_name)
+    return loop_operators(func, names, out_name)
 
 
 def _definable(ty: relax.TensorType, fresh: dict) -> relax.TensorType:

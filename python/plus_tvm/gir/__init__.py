@@ -6,7 +6,7 @@ estimates a graph's time from measured machine figures and ``search`` picks the 
 The rules of ``plus_tvm.schedules`` lower the chosen graph to a TensorIR schedule.
 """
 
-from .analysis import BasicOp, Kernel, analyze
+from .analysis import Kernel, MemoryOperator, analyze
 from .generate import generate, merge, op_graph
 from .ir import GOp, Graph, Hierarchy, Kind, MemSlice, Parallel, Scope
 from .model import Machine, estimate, machine_for, measure_cpu
@@ -14,7 +14,7 @@ from .rewrite import Capacity, optimize, placement
 from .search import Plan, candidates, plan, plan_kernel
 
 __all__ = [
-    "BasicOp",
+    "MemoryOperator",
     "Capacity",
     "GOp",
     "Graph",

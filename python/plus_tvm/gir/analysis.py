@@ -23,27 +23,14 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..errors import TVM_REFUSAL
-from ..mapping.tir_analysis import _loads, _stores, _vars, _walk_expr
+from ..tir_blocks import SPATIAL, BlockInfo, count_ops, expr_vars, gathers, is_unit
 
-TRANSCENDENTAL = {
-    "tirx.exp",
-    "tirx.exp2",
-    "tirx.erf",
-    "tirx.tanh",
-    "tirx.sigmoid",
-    "tirx.log",
-    "tirx.sqrt",
-    "tirx.rsqrt",
-    "tirx.pow",
-    "tirx.sin",
-    "tirx.cos",
-}
 SYMBOLIC_GUESS = 1024  # extent assumed for a symbolic size in the performance model
 
 
 @dataclass
-class Access:
-    """One load of a buffer by a block."""
+class OperandRead:
+    """One load of a buffer by a memory operator."""
 
     buffer: str
     kind: str  # "same" (the store's indices), "broadcast" (fewer iterators), "permute", "other"
@@ -51,8 +38,8 @@ class Access:
 
 
 @dataclass
-class BasicOp:
-    """One basic operator (one TIR block)."""
+class MemoryOperator:
+    """One basic memory operator (one TIR block; paper 002, section 6)."""
 
     block: str
     kind: str  # "ewise" | "broadcast" | "reduce" | "transpose"
@@ -61,7 +48,7 @@ class BasicOp:
     spatial: list[int]  # extents of spatial iterators (symbolic -> SYMBOLIC_GUESS)
     reduce: list[int]  # extents of reduction iterators
     dom: str  # "S"/"R" per iterator
-    accesses: list[Access]
+    accesses: list[OperandRead]
     flops: int  # arithmetic nodes per element
     transcendental: int
     dtype_bytes: int = 4
@@ -78,7 +65,7 @@ class Kernel:
     """A fused kernel as basic operators with its row structure."""
 
     structure: str  # "row" | "column" | "elementwise"
-    ops: list[BasicOp]
+    ops: list[MemoryOperator]
     rows: int  # rows (row kernels), output columns (column kernels), elements (elementwise)
     row_len: int  # elements per row (reduction length; 1 for elementwise)
     num_leading: int  # leading spatial axes that are rows
@@ -103,7 +90,7 @@ class Kernel:
             todo += [producer[i] for i in self.op(b).inputs if i in producer]
         return False
 
-    def op(self, block: str) -> BasicOp:
+    def op(self, block: str) -> MemoryOperator:
         return next(o for o in self.ops if o.block == block)
 
 
@@ -111,21 +98,6 @@ def _extent(e: tvm.ir.Expr) -> tuple[int, bool]:
     if isinstance(e, tirx.IntImm):
         return int(e), False
     return SYMBOLIC_GUESS, True
-
-
-def _count_ops(expr: tvm.ir.Expr) -> tuple[int, int]:
-    flops, trans = [0], [0]
-
-    def visit(node: object) -> None:
-        if isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op):
-            if node.op.name in TRANSCENDENTAL:
-                trans[0] += 1
-            flops[0] += 1
-        elif isinstance(node, (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Max, tirx.Min)):
-            flops[0] += 1
-
-    _walk_expr(expr, visit)
-    return flops[0], trans[0]
 
 
 def _pos(items: list, v: object) -> int:
@@ -155,7 +127,7 @@ def _classify(ld: object, store: tirx.BufferStore, spatial_vars: list, unit: lis
         return "shift"  # a window at a constant offset (a pad reading its source)
     used = set()
     for idx in li:
-        used |= _vars(idx)
+        used |= expr_vars(idx)
     if not all(any(u.same_as(v) for u in used) for v in spatial):
         return "broadcast" if all(isinstance(i, tirx.Var) for i in kept) else "other"
     return "other"
@@ -277,7 +249,7 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
         return None
     names = _Names()
     params = {names(p): p for p in func.params if hasattr(p.ty, "shape")}
-    ops: list[BasicOp] = []
+    ops: list[MemoryOperator] = []
     symbolic = False
     copies = _layout_copies(sch, blocks, func)
     for brv in blocks:
@@ -285,43 +257,37 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
         if block.name_hint in copies:
             continue
         loops = sch.get_loops(brv)
-        stores = list(_stores(block.body))
-        if len(stores) != 1 or block.alloc_buffers or block.match_buffers:
+        info = BlockInfo(block)
+        if len(info.stores) != 1 or block.alloc_buffers or block.match_buffers:
             return None
         if len(loops) != len(block.iter_vars):
             return None  # not one loop per iterator: already scheduled or unusual
-        store = stores[0]
-        dom = "".join("S" if int(iv.iter_type) == 0 else "R" for iv in block.iter_vars)
+        store = info.stores[0]
+        dom = "".join("S" if int(iv.iter_type) == SPATIAL else "R" for iv in block.iter_vars)
         if any(int(iv.iter_type) not in (0, 2) for iv in block.iter_vars):
             return None
-        spatial_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0]
-        unit = [
-            iv.var
-            for iv in block.iter_vars
-            if isinstance(iv.dom.extent, tirx.IntImm) and int(iv.dom.extent) == 1
-        ]
-        red_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
+        spatial_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) == SPATIAL]
+        unit = [iv.var for iv in block.iter_vars if is_unit(iv)]
+        red_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) != SPATIAL]
         spatial, reduce = [], []
         for iv in block.iter_vars:
             ext, sym = _extent(iv.dom.extent)
             symbolic |= sym
-            (spatial if int(iv.iter_type) == 0 else reduce).append(ext)
+            (spatial if int(iv.iter_type) == SPATIAL else reduce).append(ext)
         accesses = []
         trailing_reduce = True
         contraction = False
-        for ld in _loads(store.value):
-            if ld.source.same_as(store.buffer):
-                continue  # the reduction's own accumulator
+        for _, ld in info.reads:  # the reduction's own accumulator is not a read
             kind = _classify(ld, store, spatial_vars, unit)
             if kind == "other" and red_vars and all(isinstance(i, tirx.Var) for i in ld.indices):
                 kind = "same"  # a reduction's input: the store's indices plus reduced axes
             last = ld.indices[-1] if len(ld.indices) else None
             inner = block.iter_vars[-1].var
-            trailing = last is not None and inner in _vars(last)
-            if red_vars and last is not None and not (_vars(last) & set(red_vars)):
-                if any(_vars(i) & set(red_vars) for i in ld.indices):
+            trailing = last is not None and inner in expr_vars(last)
+            if red_vars and last is not None and not (expr_vars(last) & set(red_vars)):
+                if any(expr_vars(i) & set(red_vars) for i in ld.indices):
                     trailing_reduce = False
-            accesses.append(Access(names(ld.source), kind, trailing))
+            accesses.append(OperandRead(names(ld.source), kind, trailing))
             if (
                 red_vars
                 and not _covers_spatial(ld, [v for v in spatial_vars if _pos(unit, v) < 0])
@@ -333,7 +299,7 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
                 contraction = True
         if contraction:
             return None
-        if any(a.kind == "other" for a in accesses) or _gathers(store.value):
+        if any(a.kind == "other" for a in accesses) or gathers(store.value):
             return None  # gathers, slices with offsets, reshapes: not a GIR basic operator
         if red_vars:
             kind = "reduce"
@@ -343,9 +309,9 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
             kind = "broadcast"
         else:
             kind = "ewise"
-        flops, trans = _count_ops(store.value)
+        flops, trans = count_ops(store.value)
         ops.append(
-            BasicOp(
+            MemoryOperator(
                 block=block.name_hint,
                 kind=kind,
                 output=names(store.buffer),
@@ -394,7 +360,7 @@ def _leading_s(dom: str) -> int:
     return len(dom) - len(dom.lstrip("S"))
 
 
-def row_lead(o: BasicOp) -> int:
+def row_lead(o: MemoryOperator) -> int:
     """Leading spatial iterators of a reduction that index its rows: unit-extent spatial
     iterators just before the reduced ones (a ``mean`` with ``keepdims``) belong to no row."""
     n = _leading_s(o.dom)
@@ -403,7 +369,7 @@ def row_lead(o: BasicOp) -> int:
     return n
 
 
-def _structure(ops: list[BasicOp], symbolic: bool) -> Kernel | None:
+def _structure(ops: list[MemoryOperator], symbolic: bool) -> Kernel | None:
     reductions = [o for o in ops if o.kind == "reduce"]
     last = ops[-1]
     if not last.output_is_param:
@@ -480,7 +446,7 @@ class _Names:
 def _covers_spatial(ld: object, spatial_vars: list) -> bool:
     used: set = set()
     for idx in ld.indices:
-        used |= _vars(idx)
+        used |= expr_vars(idx)
     return set(spatial_vars) <= used
 
 
@@ -492,27 +458,12 @@ def _vector_operand(ld: object, red_vars: list, unit: list) -> bool:
     allowed = set(red_vars) | set(unit)
     used: set = set()
     for idx in ld.indices:
-        used |= _vars(idx)
+        used |= expr_vars(idx)
     return bool(used) and used <= allowed
 
 
 def _uses_any(ld: object, iters: list) -> bool:
-    return any(_vars(idx) & set(iters) for idx in ld.indices)
-
-
-def _gathers(expr: tvm.ir.Expr) -> bool:
-    """Whether a load's index reads memory (``a[i[v]]``)."""
-    found: list[object] = []
-
-    def visit(node: object) -> None:
-        if isinstance(node, tvm.ir.TensorLoad):
-            for idx in node.indices:
-                _walk_expr(
-                    idx, lambda n: found.append(n) if isinstance(n, tvm.ir.TensorLoad) else None
-                )
-
-    _walk_expr(expr, visit)
-    return bool(found)
+    return any(expr_vars(idx) & set(iters) for idx in ld.indices)
 
 
 def _dtype_bytes(buffer: tirx.Var) -> int:

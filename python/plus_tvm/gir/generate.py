@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from .analysis import Access, BasicOp, Kernel
+from .analysis import Kernel, MemoryOperator, OperandRead
 from .ir import GOp, Graph, Hierarchy, Kind, MemSlice, Parallel, Scope
 
 G, C, R = Hierarchy.GLOBAL, Hierarchy.CACHE, Hierarchy.REG
 
 
-def op_len(kernel: Kernel, op: BasicOp, params: dict) -> int:
+def op_len(kernel: Kernel, op: MemoryOperator, params: dict) -> int:
     """Elements of one row that ``op`` touches: its reduction length, the row length, or 1
     for an operator on row scalars (a mean computed from a sum)."""
     if kernel.structure != "row":
@@ -43,7 +43,7 @@ def op_len(kernel: Kernel, op: BasicOp, params: dict) -> int:
     return total
 
 
-def row_slice(kernel: Kernel, op: BasicOp, access: Access, params: dict) -> MemSlice:
+def row_slice(kernel: Kernel, op: MemoryOperator, access: OperandRead, params: dict) -> MemSlice:
     """The GLOBAL slice of ``access.buffer`` that one row of ``op`` reads."""
     size = kernel.sizes.get(access.buffer, 1)
     nbytes = op.dtype_bytes
@@ -102,7 +102,7 @@ def _reg(s: MemSlice) -> MemSlice:
     )
 
 
-def op_graph(kernel: Kernel, op: BasicOp, parallel: Parallel, params: dict) -> Graph:
+def op_graph(kernel: Kernel, op: MemoryOperator, parallel: Parallel, params: dict) -> Graph:
     """Instantiate the template of ``op`` with ``params`` (one row, one group of units)."""
     g = Graph(parallel, params=dict(params))
     length = op_len(kernel, op, params)
@@ -198,7 +198,7 @@ def op_graph(kernel: Kernel, op: BasicOp, parallel: Parallel, params: dict) -> G
     return g
 
 
-def _unique(accesses: list[Access]) -> list[Access]:
+def _unique(accesses: list[OperandRead]) -> list[OperandRead]:
     seen, out = set(), []
     for a in accesses:
         if (a.buffer, a.kind) not in seen:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from ..mapping.tir_analysis import _stores
+from ..tir_blocks import expr_vars, stores, walk_expr
 
 _BINARY = (
     tirx.Add,
@@ -103,16 +103,8 @@ def _invariant_divisor(e: tvm.ir.Expr, inner: list) -> bool:
         return False
     used = set()
     for idx in b.indices:
-        used |= {id(v) for v in _vars_of(idx)}
+        used |= {id(v) for v in expr_vars(idx)}
     return not any(id(v) in used for v in inner)
-
-
-def _vars_of(e: tvm.ir.Expr) -> list:
-    from ..mapping.tir_analysis import _walk_expr
-
-    out: list = []
-    _walk_expr(e, lambda n: out.append(n) if isinstance(n, tirx.Var) else None)
-    return out
 
 
 class _MathRewriter:
@@ -168,10 +160,8 @@ class _MathRewriter:
         return e
 
     def has_work(self, e: tvm.ir.Expr) -> bool:
-        from ..mapping.tir_analysis import _walk_expr
-
         hits: list[object] = []
-        _walk_expr(
+        walk_expr(
             e,
             lambda n: (
                 hits.append(n) if _math_target(n) or _invariant_divisor(n, self.inner) else None
@@ -196,10 +186,10 @@ def vectorizable_math(sch: s_tir.Schedule) -> int:
     changed = 0
     for brv in sch.get_child_blocks(sch.get_sblock("root")):
         block = sch.get(brv)
-        stores = list(_stores(block.body))
-        if len(stores) != 1 or not isinstance(block.body, tirx.BufferStore):
+        written = list(stores(block.body))
+        if len(written) != 1 or not isinstance(block.body, tirx.BufferStore):
             continue
-        store = stores[0]
+        store = written[0]
         spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0]
         rewriter = _MathRewriter(spatial[-1:] if len(spatial) > 1 else [])
         if not rewriter.has_work(store.value):
@@ -231,7 +221,7 @@ def permuted_reads(block: s_tir.SBlock) -> list[int]:
         order = []
         for rng in region.region:
             for pos, iv in enumerate(block.iter_vars):
-                if any(v.same_as(iv.var) for v in _vars_of(rng.min)):
+                if any(v.same_as(iv.var) for v in expr_vars(rng.min)):
                     order.append(pos)
         if order != sorted(order):
             out.append(index)

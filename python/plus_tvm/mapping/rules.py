@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
+from ..tir_blocks import block_infos, expr_vars
 from .classes import MapPattern, most_complex
 
 M = MapPattern
@@ -93,17 +94,13 @@ def needs_contiguous_input(consumer: tirx.PrimFunc, param_index: int) -> bool:
     shuffled or reorganized producer would turn the inner loop's unit-stride reads into strided
     ones (supplement 1).
     """
-    from .tir_analysis import _blocks, _is_unit, _loads, _stores, _vars
-
     buffer = consumer.params[param_index]
-    for block in _blocks(consumer.body):
-        iters = [iv for iv in block.iter_vars if not _is_unit(iv)]
-        if not iters:
+    for info in block_infos(consumer):
+        if not info.loops:
             continue
-        innermost = iters[-1].var
-        for store in _stores(block.body):
-            for load in _loads(store.value):
-                if load.source.same_as(buffer) and load.indices:
-                    if innermost in _vars(load.indices[-1]):
-                        return True
+        innermost = info.loops[-1].var
+        for _, load in info.reads:
+            if load.source.same_as(buffer) and load.indices:
+                if innermost in expr_vars(load.indices[-1]):
+                    return True
     return False

@@ -25,115 +25,15 @@ The PrimFunc's class is the most complex class of its blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir import SBlock
 
+from ..tir_blocks import BlockInfo, blocks, expr_vars, has_load, is_opaque, nodes
 from .classes import MapPattern, most_complex
-
-_DATA_PAR = 0
-_Load = tvm.ir.TensorLoad  # TIR buffer loads are ``ir.TensorLoad`` nodes in TVM 0.27
-_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "base", "body")
-_LIST_FIELDS = ("args", "indices")
-
-
-# ------------------------------------------------------------------------------------ walkers
-def _walk_expr(expr: object, visit: Callable[[object], None]) -> None:
-    """Pre-order walk over an expression's operands (generic over node classes)."""
-    visit(expr)
-    for name in _FIELDS:
-        child = getattr(expr, name, None)
-        if isinstance(child, tvm.ir.Expr):
-            _walk_expr(child, visit)
-    for name in _LIST_FIELDS:
-        for child in getattr(expr, name, None) or ():
-            if isinstance(child, tvm.ir.Expr):
-                _walk_expr(child, visit)
-
-
-def _blocks(stmt: tirx.Stmt) -> Iterator[SBlock]:
-    """Every block under ``stmt`` (the root block itself included)."""
-    if isinstance(stmt, SBlockRealize):
-        yield stmt.block
-        yield from _blocks(stmt.block.body)
-    elif isinstance(stmt, SBlock):
-        yield stmt
-        yield from _blocks(stmt.body)
-    elif isinstance(stmt, tirx.SeqStmt):
-        for s in stmt.seq:
-            yield from _blocks(s)
-    elif isinstance(stmt, tirx.IfThenElse):
-        yield from _blocks(stmt.then_case)
-        if stmt.else_case is not None:
-            yield from _blocks(stmt.else_case)
-    elif hasattr(stmt, "body") and isinstance(stmt.body, tirx.Stmt):
-        yield from _blocks(stmt.body)  # For, While, LetStmt, AttrStmt, DeclBuffer, ...
-
-
-def _stores(stmt: tirx.Stmt) -> Iterator[tirx.BufferStore]:
-    """Stores directly in a block body (not inside nested blocks)."""
-    if isinstance(stmt, tirx.BufferStore):
-        yield stmt
-    elif isinstance(stmt, tirx.SeqStmt):
-        for s in stmt.seq:
-            yield from _stores(s)
-    elif isinstance(stmt, tirx.IfThenElse):
-        yield from _stores(stmt.then_case)
-        if stmt.else_case is not None:
-            yield from _stores(stmt.else_case)
-    elif isinstance(stmt, (SBlockRealize, SBlock)):
-        return
-    elif hasattr(stmt, "body") and isinstance(stmt.body, tirx.Stmt):
-        yield from _stores(stmt.body)
-
-
-def stores_any(func: tirx.PrimFunc, match: Callable[[object], bool]) -> bool:
-    """Whether a value stored by a block of ``func`` (body or init) has a node ``match``
-    accepts: the cheap check a TIR rewrite makes before rebuilding a PrimFunc."""
-    found: list = []
-
-    def look(e: object) -> None:
-        if not found and match(e):
-            found.append(e)
-
-    for block in _blocks(func.body):
-        for part in (block.body, block.init):
-            for store in _stores(part) if part is not None else ():
-                _walk_expr(store.value, look)
-        if found:
-            return True
-    return False
-
-
-def _loads(expr: tvm.ir.Expr) -> list:
-    """Loads of ``expr`` that are values, not indices of another load."""
-    found: list = []
-    inner: set[int] = set()
-
-    def visit(node: object) -> None:
-        if isinstance(node, _Load):
-            for idx in node.indices:
-                _walk_expr(idx, lambda n: inner.add(id(n)) if isinstance(n, _Load) else None)
-            found.append(node)
-
-    _walk_expr(expr, visit)
-    return [ld for ld in found if id(ld) not in inner]
-
-
-def _vars(expr: tvm.ir.Expr) -> set[tirx.Var]:
-    out: set[tirx.Var] = set()
-    _walk_expr(expr, lambda n: out.add(n) if isinstance(n, tirx.Var) else None)
-    return out
-
-
-def _has_load(expr: tvm.ir.Expr) -> bool:
-    hits: list[object] = []
-    _walk_expr(expr, lambda n: hits.append(n) if isinstance(n, _Load) else None)
-    return bool(hits)
 
 
 # ----------------------------------------------------------------------------------- analysis
@@ -167,9 +67,9 @@ def _affine_injective(indices: list, spatial: set[tirx.Var]) -> bool:
     index folds (div/mod): ``c * v + k`` forms, which read every input element at most once."""
     seen: set[tirx.Var] = set()
     for idx in indices:
-        if any(isinstance(n, _FOLDING) for n in _nodes(idx)):
+        if any(isinstance(n, _FOLDING) for n in nodes(idx)):
             return False
-        used = _vars(idx) & spatial
+        used = expr_vars(idx) & spatial
         if len(used) > 1 or used & seen:
             return False
         seen |= used
@@ -177,12 +77,6 @@ def _affine_injective(indices: list, spatial: set[tirx.Var]) -> bool:
 
 
 _FOLDING = (tirx.FloorDiv, tirx.FloorMod, tirx.Div, tirx.Mod)
-
-
-def _nodes(expr: tvm.ir.Expr) -> list[object]:
-    out: list[object] = []
-    _walk_expr(expr, out.append)
-    return out
 
 
 def _same_index(a: tvm.ir.Expr, b: tvm.ir.Expr, unit: frozenset[tirx.Var]) -> bool:
@@ -225,11 +119,11 @@ def classify_access(
     """The mapping class of one load (of ``source`` at ``indices``) with respect to the store
     whose value it feeds, given the block's spatial iterators (and those of extent 1)."""
     li, wi = list(indices), list(store.indices)
-    if any(_has_load(i) for i in li):
+    if any(has_load(i) for i in li):
         return AccessClass(MapPattern.Reorganize, True)  # gather: data-dependent index
     used: set[tirx.Var] = set()
     for i in li:
-        used |= _vars(i) & spatial
+        used |= expr_vars(i) & spatial
     if used != spatial:
         return AccessClass(MapPattern.OneToMany, False)
     src_shape, dst_shape = _shape(source), _shape(store.buffer)
@@ -260,30 +154,21 @@ def classify_access(
 
 def classify_block(block: SBlock) -> MapPattern | None:
     """The class of one block, or None for a block without computation (the root)."""
-    stores = list(_stores(block.body))
-    if not stores:
+    info = BlockInfo(block)
+    if not info.stores:
         return None
-    iters = [iv for iv in block.iter_vars if not _is_unit(iv)]
-    if any(int(iv.iter_type) != _DATA_PAR for iv in iters):
-        return MapPattern.ManyToMany
-    spatial = {iv.var for iv in iters}
-    unit = frozenset(iv.var for iv in block.iter_vars if _is_unit(iv))
-    classes: list[AccessClass] = []
-    for store in stores:
-        for load in _loads(store.value):
-            if load.source.same_as(store.buffer):
-                return MapPattern.ManyToMany  # accumulation into its own output
-            classes.append(classify_access(load.source, load.indices, store, spatial, unit))
+    if not info.data_parallel or info.accumulates:
+        return MapPattern.ManyToMany  # a reduction, or accumulation into its own output
+    spatial = {iv.var for iv in info.loops}
+    classes = [
+        classify_access(load.source, load.indices, store, spatial, info.units)
+        for store, load in info.reads
+    ]
     identity = any(c.pattern == MapPattern.OneToOne for c in classes)
     covering = [c.pattern for c in classes if c.covers_all and not (identity and c.rank_only)]
     if not covering:
         return MapPattern.OneToMany  # every input is broadcast, or values are generated
     return most_complex(*covering)
-
-
-def _is_unit(iv: tirx.IterVar) -> bool:
-    extent = iv.dom.extent
-    return isinstance(extent, tirx.IntImm) and int(extent) == 1
 
 
 def analyze_primfunc(func: tirx.PrimFunc) -> MapPattern:
@@ -294,10 +179,10 @@ def analyze_primfunc(func: tirx.PrimFunc) -> MapPattern:
     """
     if not _mergeable_buffers(func):
         return MapPattern.NotFuse
-    blocks = list(_blocks(func.body))
-    if any(_is_opaque(b) for b in blocks):
+    found = list(blocks(func.body))
+    if any(is_opaque(b) for b in found):
         return MapPattern.NotFuse
-    classes = [c for c in (classify_block(b) for b in blocks) if c is not None]
+    classes = [c for c in (classify_block(b) for b in found) if c is not None]
     if not classes:
         return MapPattern.NotFuse
     return most_complex(*classes)
@@ -320,29 +205,3 @@ def _mergeable_buffers(func: tirx.PrimFunc) -> bool:
         if ty.strides is not None and len(ty.strides) > 0:
             return False
     return True
-
-
-def _is_opaque(block: SBlock) -> bool:
-    """A block without iterators that stores inside loops of its own: code from ``te.extern``
-    or the IR builder (scatter, cumsum, sort), whose accesses TensorIR cannot see."""
-    if block.iter_vars:
-        return False
-    return any(True for _ in _stores_in_loops(block.body))
-
-
-def _stores_in_loops(stmt: tirx.Stmt, in_loop: bool = False) -> Iterator[tirx.BufferStore]:
-    """Stores under a loop of ``stmt``, not inside nested blocks."""
-    if isinstance(stmt, tirx.BufferStore):
-        if in_loop:
-            yield stmt
-    elif isinstance(stmt, tirx.SeqStmt):
-        for s in stmt.seq:
-            yield from _stores_in_loops(s, in_loop)
-    elif isinstance(stmt, tirx.IfThenElse):
-        yield from _stores_in_loops(stmt.then_case, in_loop)
-        if stmt.else_case is not None:
-            yield from _stores_in_loops(stmt.else_case, in_loop)
-    elif isinstance(stmt, (SBlockRealize, SBlock)):
-        return
-    elif hasattr(stmt, "body") and isinstance(stmt.body, tirx.Stmt):
-        yield from _stores_in_loops(stmt.body, in_loop or isinstance(stmt, tirx.For))

@@ -1,18 +1,25 @@
 """+Loop / +Graph: the loop-centric subgraph identifiers of PluS (paper 000, section 4.1)."""
 
-from .build import Access, BasicOp, PlusGraphBuilder, basic_ops, collapse, plusgraph_of
+from .build import (
+    LoopOperator,
+    PlusGraphBuilder,
+    TensorAccess,
+    collapse,
+    loop_operators,
+    plusgraph_of,
+)
 from .loops import KEY_OPS, PlusGraph, PlusGraphSyntaxError, PlusLoop, parse_plusgraph
 from .match import full_match, partial_match, unbatched
 
 __all__ = [
     "KEY_OPS",
-    "Access",
-    "BasicOp",
+    "TensorAccess",
+    "LoopOperator",
     "PlusGraph",
     "PlusGraphBuilder",
     "PlusGraphSyntaxError",
     "PlusLoop",
-    "basic_ops",
+    "loop_operators",
     "collapse",
     "full_match",
     "parse_plusgraph",

@@ -28,14 +28,12 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import tirx
 
-from ..mapping.tir_analysis import _blocks, _loads, _stores
+from ..tir_blocks import BlockInfo, block_infos, expr_ops
 from .loops import PlusGraph, PlusLoop, Size
-
-_REDUCE = 2  # IterVar.iter_type of a commutative reduction
 
 
 @dataclass(frozen=True)
-class Access:
+class TensorAccess:
     """A tensor access: for each tensor dimension, the position of the block iterator that
     indexes it bare, or None (an expression, a constant, a unit dimension)."""
 
@@ -44,135 +42,29 @@ class Access:
 
 
 @dataclass(frozen=True)
-class BasicOp:
-    """One TIR block seen as a basic operator."""
+class LoopOperator:
+    """One TIR block seen as a basic operator of +Loops (paper 000, section 4.1)."""
 
     name: str
     sizes: tuple[Size, ...]  # per block iterator (unit iterators are dropped)
     reduce: tuple[bool, ...]
     ops: tuple[str, ...]
-    reads: tuple[Access, ...]
-    writes: tuple[Access, ...]
+    reads: tuple[TensorAccess, ...]
+    writes: tuple[TensorAccess, ...]
 
     @property
     def is_skeleton(self) -> bool:
         return any(self.reduce)
 
 
-# ----------------------------------------------------------------------------- TIR -> BasicOp
+# ----------------------------------------------------------------------------- TIR -> LoopOperator
 def _size(extent: tvm.ir.Expr) -> Size:
     if isinstance(extent, tirx.IntImm):
         return int(extent)
     return str(extent).replace(" ", "")
 
 
-def _expr_ops(expr: tvm.ir.Expr) -> list[str]:
-    """Operation names of a store's value, in first-met order (not looking into indices)."""
-    names: list[str] = []
-
-    def visit(node: object) -> None:
-        if isinstance(node, (tvm.ir.TensorLoad, tirx.Var, tirx.IntImm, tirx.FloatImm)):
-            return
-        if isinstance(node, tvm.ir.Call):
-            name = str(getattr(node.op, "name", "call")).rsplit(".", 1)[-1]
-            children = list(node.args)
-        else:
-            name = type(node).__name__.lower()
-            children = [getattr(node, f, None) for f in _OPERANDS]
-        if name not in names:
-            names.append(name)
-        for child in children:
-            if isinstance(child, tvm.ir.Expr):
-                visit(child)
-
-    visit(expr)
-    return names
-
-
-_OPERANDS = ("a", "b", "value", "condition", "true_value", "false_value")
-
-
-def _reduce_op(value: tvm.ir.Expr, own: int) -> str:
-    """The reduction a store ``C = f(C, ...)`` performs: ``dot`` is a sum of products of two
-    different tensors (a sum of squares, as in a variance, is a plain ``reduceSum``)."""
-    kind = type(value).__name__
-    if kind == "Add":
-        for side in (value.a, value.b):
-            if isinstance(side, tvm.ir.TensorLoad) and side.source.id_ == own:
-                continue
-            if type(side).__name__ == "Mul" and _is_product(side):
-                return "dot"
-        return "reduceSum"
-    return {"Max": "reduceMax", "Min": "reduceMin", "Mul": "reduceProd"}.get(kind, "reduceSum")
-
-
-def _is_product(mul: tvm.ir.Expr) -> bool:
-    """Both factors read tensors, and not the same ones (``a[i, k] * b[k, j]``)."""
-    left, right = _sources(mul.a), _sources(mul.b)
-    return bool(left) and bool(right) and left != right
-
-
-def _sources(expr: tvm.ir.Expr) -> frozenset[int]:
-    return frozenset(load.source.id_ for load in _loads(expr))
-
-
-def _access(
-    tensor: str,
-    indices: list,
-    positions: dict[int, int],
-    analyzer: tvm.sym.Analyzer,
-    domain: dict | None = None,
-) -> Access:
-    """Which iterator indexes each dimension bare. Indices are simplified under the iterator
-    ranges first: a legalized reshape that only inserts or drops unit dimensions indexes with
-    ``(i * 16 + j) // 16``-style expressions that fold back to ``i``."""
-    dims: list[int | None] = []
-    for index in indices:
-        if not isinstance(index, tirx.Var):
-            index = analyzer.simplify(index)
-        if not isinstance(index, tirx.Var) and domain:
-            split = _split_iterator(index, domain, analyzer)
-            index = split if split is not None else index
-        dims.append(positions.get(index.id_) if isinstance(index, tirx.Var) else None)
-    return Access(tensor, tuple(dims))
-
-
-def _split_iterator(
-    index: tvm.ir.Expr, domain: dict, analyzer: tvm.sym.Analyzer
-) -> tirx.Var | None:
-    """The iterator ``index`` selects when it splits fused iterators back apart, else None.
-
-    With symbolic sizes the simplifier leaves a legalized reshape's ``((i*s + j)*s + k) //
-    (s*s)`` as it is (it cannot divide by ``s``); TVM's iterator-map detection recognizes it
-    as a split of the fused ``i, j, k`` whose lower factor and extent are those of ``i``.
-    """
-    found = tvm.sym.detect_iter_map([index], domain, check_level="surjective")
-    if len(found.indices) != 1:
-        return None
-    expr = found.indices[0]
-    if len(expr.args) != 1 or not analyzer.can_prove_equal(expr.base, 0):
-        return None
-    split = expr.args[0]
-    return _split_source(split, analyzer) if analyzer.can_prove_equal(split.scale, 1) else None
-
-
-def _split_source(split: tvm.sym.IterSplitExpr, analyzer: tvm.sym.Analyzer) -> tirx.Var | None:
-    def equal(a: object, b: object) -> bool:
-        return bool(analyzer.can_prove_equal(a, b))
-
-    mark = split.source
-    source = mark.source
-    if isinstance(source, tirx.Var):
-        whole = equal(split.lower_factor, 1) and equal(split.extent, mark.extent)
-        return source if whole else None
-    if isinstance(source, tvm.sym.IterSumExpr) and equal(source.base, 0):
-        for part in source.args:  # the fused iterator whose stride and extent the split takes
-            if equal(part.scale, split.lower_factor) and equal(part.extent, split.extent):
-                return _split_source(part, analyzer)
-    return None
-
-
-def basic_ops(func: tirx.PrimFunc, names: list[str], prefix: str) -> list[BasicOp]:
+def loop_operators(func: tirx.PrimFunc, names: list[str], prefix: str) -> list[LoopOperator]:
     """The basic operators of ``func`` in program order.
 
     ``names`` names the PrimFunc's parameters (inputs then outputs) with the subgraph's tensor
@@ -186,57 +78,34 @@ def basic_ops(func: tirx.PrimFunc, names: list[str], prefix: str) -> list[BasicO
             tensor_of[key] = f"{prefix}.{getattr(buf, 'name', 'buf')}"
         return tensor_of[key]
 
-    result: list[BasicOp] = []
-    for block in _blocks(func.body):
-        stores = list(_stores(block.body))
-        if not stores:
-            continue
-        iters = [iv for iv in block.iter_vars if not _is_unit(iv)]
-        positions = {iv.var.id_: k for k, iv in enumerate(iters)}
-        analyzer = tvm.sym.Analyzer()
-        for iv in block.iter_vars:
-            analyzer.bind(iv.var, iv.dom)
-        # symbolic extents: reshape indices are resolved by iterator-map detection
-        domain = {iv.var: iv.dom for iv in block.iter_vars if not _is_unit(iv)}
-        if all(isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
-            domain = {}
-        reduce = tuple(int(iv.iter_type) == _REDUCE for iv in iters)
-        ops: list[str] = []
-        reads: list[Access] = []
-        writes: list[Access] = []
-        for store in stores:
-            own = store.buffer.id_
-            writes.append(
-                _access(name(store.buffer), list(store.indices), positions, analyzer, domain)
-            )
-            if any(reduce):
-                op = _reduce_op(store.value, own)
-                if op not in ops:
-                    ops.append(op)
-            for op in _expr_ops(store.value):
-                if op not in ops and not (any(reduce) and op in ("add", "max", "min")):
-                    ops.append(op)
-            for load in _loads(store.value):
-                if load.source.id_ == own:
-                    continue
-                reads.append(
-                    _access(name(load.source), list(load.indices), positions, analyzer, domain)
-                )
-        result.append(
-            BasicOp(
-                name=f"{prefix}.{block.name_hint}",
-                sizes=tuple(_size(iv.dom.extent) for iv in iters),
-                reduce=reduce,
-                ops=tuple(ops),
-                reads=tuple(dict.fromkeys(reads)),
-                writes=tuple(dict.fromkeys(writes)),
-            )
-        )
-    return result
+    return [_operator(info, name, prefix) for info in block_infos(func)]
 
 
-def _is_unit(iv: tirx.IterVar) -> bool:
-    return isinstance(iv.dom.extent, tirx.IntImm) and int(iv.dom.extent) == 1
+def _operator(info: BlockInfo, name, prefix: str) -> LoopOperator:  # noqa: ANN001
+    reduce = info.reduces
+    ops: list[str] = []
+    writes: list[TensorAccess] = []
+    for store in info.stores:
+        writes.append(TensorAccess(name(store.buffer), info.index_dims(list(store.indices))))
+        if any(reduce):
+            op = info.reduction_op(store)
+            if op not in ops:
+                ops.append(op)
+        for op in expr_ops(store.value):
+            if op not in ops and not (any(reduce) and op in ("add", "max", "min")):
+                ops.append(op)
+    reads = [
+        TensorAccess(name(load.source), info.index_dims(list(load.indices)))
+        for _, load in info.reads
+    ]
+    return LoopOperator(
+        name=f"{prefix}.{info.name}",
+        sizes=tuple(_size(iv.dom.extent) for iv in info.loops),
+        reduce=reduce,
+        ops=tuple(ops),
+        reads=tuple(dict.fromkeys(reads)),
+        writes=tuple(dict.fromkeys(writes)),
+    )
 
 
 # ------------------------------------------------------------------------------- the builder
@@ -264,7 +133,7 @@ class PlusGraphBuilder:
         self._reader: dict[str, dict[int, _Loop]] = {}  # tensor -> dim -> first loop reading it
 
     # -- public --------------------------------------------------------------------------
-    def add(self, op: BasicOp, *, prologue: bool = False) -> None:
+    def add(self, op: LoopOperator, *, prologue: bool = False) -> None:
         """Merge ``op`` as an epilogue (default) or as a prologue of the subgraph."""
         cands: list[_Loop | None] = [None] * len(op.sizes)
         accesses = op.writes if prologue else op.reads
@@ -322,7 +191,7 @@ class PlusGraphBuilder:
         return collapse(graph, sets) if collapse_loops else graph
 
     # -- internals -----------------------------------------------------------------------
-    def _order(self, op: BasicOp, cands: list[_Loop | None]) -> list[int]:
+    def _order(self, op: LoopOperator, cands: list[_Loop | None]) -> list[int]:
         """Spatial iterators in the nesting order of their counterparts, reductions last."""
 
         def key(pos: int) -> tuple[int, int, int]:
@@ -332,7 +201,7 @@ class PlusGraphBuilder:
 
         return sorted(range(len(op.sizes)), key=key)
 
-    def _record(self, op: BasicOp, chosen: list[_Loop], inner: _Loop | None) -> None:
+    def _record(self, op: LoopOperator, chosen: list[_Loop], inner: _Loop | None) -> None:
         for acc in op.writes:
             self._writer[acc.tensor] = {
                 d: chosen[p] for d, p in enumerate(acc.dims) if p is not None
@@ -441,6 +310,6 @@ def plusgraph_of(
     """The +Graph of one PrimFunc (all its blocks merged in program order)."""
     names = names or [getattr(p, "name", f"arg{i}") for i, p in enumerate(func.params)]
     builder = PlusGraphBuilder()
-    for op in basic_ops(func, names, prefix):
+    for op in loop_operators(func, names, prefix):
         builder.add(op)
     return builder.graph()
