@@ -24,6 +24,7 @@ import tvm
 from plus_tvm import interrupt
 from plus_tvm.errors import TVM_REFUSAL
 from plus_tvm.gir.lowering import permuted_reads
+from plus_tvm.gir.model import Machine
 from plus_tvm.gir.search import Plan, plan_for_rule
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
@@ -36,13 +37,16 @@ class GIRCUDA(ScheduleRule):
     ----------
     budget : int
         Most GIR candidates the search evaluates per kernel (0: all).
+    machine : plus_tvm.gir.model.Machine, optional
+        The performance model's figures (default: ``machine_for`` the target when applied).
     """
 
-    def __init__(self, budget: int = 0) -> None:
+    def __init__(self, budget: int = 0, machine: Machine | None = None) -> None:
         self.budget = budget
+        self.machine = machine
 
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        p = plan_for_rule(func, target, "cuda", self.budget)
+        p = plan_for_rule(func, target, "cuda", self.budget, self.machine)
         if p is None:
             return None
         try:

@@ -27,6 +27,7 @@ from plus_tvm import interrupt
 from plus_tvm.errors import TVM_REFUSAL
 from plus_tvm.gir.analysis import tvm_structural_equal
 from plus_tvm.gir.lowering import permuted_reads, vectorizable_math
+from plus_tvm.gir.model import Machine
 from plus_tvm.gir.search import Plan, plan_for_rule
 from plus_tvm.tir_blocks import walk_expr
 from tvm import s_tir, tirx
@@ -42,14 +43,17 @@ class GIRLLVM(ScheduleRule):
         Most GIR candidates the search evaluates per kernel (0: all).
     fast_math : bool
         Map float32 ``exp``/``sigmoid`` to vectorizable polynomials.
+    machine : plus_tvm.gir.model.Machine, optional
+        The performance model's figures (default: ``machine_for`` the target when applied).
     """
 
-    def __init__(self, budget: int = 0, fast_math: bool = True) -> None:
+    def __init__(self, budget: int = 0, fast_math: bool = True, machine: Machine | None = None):
         self.budget = budget
         self.fast_math = fast_math
+        self.machine = machine
 
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        p = plan_for_rule(func, target, "llvm", self.budget)
+        p = plan_for_rule(func, target, "llvm", self.budget, self.machine)
         if p is None:
             return None
         # TVM's vectorizer emits int8 vectors into bool buffers (a dtype mismatch): kernels

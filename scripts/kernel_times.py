@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import plus_tvm
 import tvm
-from plus_tvm.compiler import _pre_lowering
+from plus_tvm.compiler import pre_lowering
 from plus_tvm.loader import load_model
 from plus_tvm.stats import kernel_calls
 from plus_tvm.target import resolve_target
@@ -87,7 +87,7 @@ def main() -> int:
     times = {}
     for v in variants:
         opts = plus_tvm.Options.from_pairs([p for p in v.split("+") if p])
-        mod, _ = _pre_lowering(loaded, target, opts, "plus")
+        mod, _ = pre_lowering(loaded, target, opts, "plus")
         times[v] = kernel_times(mod, target, args.repeat)
     names = sorted(
         {n for t in times.values() for n in t}, key=lambda n: -times[variants[0]].get(n, 0)

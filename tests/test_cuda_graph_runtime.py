@@ -18,7 +18,7 @@ import torch
 import tvm
 import tvm_ffi
 from plus_tvm import Options, zoo
-from plus_tvm.compiler import _pre_lowering
+from plus_tvm.compiler import pre_lowering
 from plus_tvm.cuda_graph_report import GET_CACHED_ALLOC
 from plus_tvm.loader import load_model
 from plus_tvm.passes._capture_calls import PLUS_RUN_OR_CAPTURE, bindings, capture_call
@@ -77,7 +77,7 @@ def bert():
     model, inputs = zoo.load("bert-base-tiny")
     tgt = resolve_target("llvm")
     loaded = load_model(model, inputs)
-    mod, _ = _pre_lowering(loaded, tgt, Options(), "plus")
+    mod, _ = pre_lowering(loaded, tgt, Options(), "plus")
     with tgt:
         low = tvm.transform.Sequential(phase_passes(tgt, Options(), PHASE_NAMES[4:5]))(mod)
     weights = plus_tvm.compile(model, example_args=inputs)._current_weights()

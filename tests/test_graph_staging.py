@@ -9,7 +9,7 @@ import plus_tvm
 import pytest
 import tvm
 from plus_tvm import Options, zoo
-from plus_tvm.compiler import _pre_lowering
+from plus_tvm.compiler import pre_lowering
 from plus_tvm.loader import load_model
 from plus_tvm.passes import StageGraphInputs, StageGraphOutputs
 from plus_tvm.pipeline import PHASE_NAMES, phase_passes
@@ -34,7 +34,7 @@ def _lowered(name: str, target: object, options: Options):
     model, inputs = zoo.load(name)
     tgt = resolve_target(target)
     loaded = load_model(model, inputs)
-    mod, _ = _pre_lowering(loaded, tgt, options, "plus")
+    mod, _ = pre_lowering(loaded, tgt, options, "plus")
     with tgt:
         low = tvm.transform.Sequential(phase_passes(tgt, options, PHASE_NAMES[4:5]))(mod)
     return model, inputs, tgt, low

@@ -170,3 +170,68 @@ def test_gir_choices_and_targets():
     llvm, cuda = resolve_target("llvm"), resolve_target({"kind": "cuda", "arch": "sm_90"})
     assert Options().gir_enabled(llvm) and not Options().gir_enabled(cuda)
     assert Options(gir="on").gir_enabled(cuda) and not Options(gir="off").gir_enabled(llvm)
+
+
+# ------------------------------------------------------- compile inputs read once into Options
+def test_resolve_inputs_reads_the_environment_once_into_fields(tmp_path, monkeypatch):
+    """$PLUS_TVM_WAREHOUSE, the GIR model's bandwidths and TVM's pool size become fields of the
+    options a compile runs with, so the digest changes with them; set fields are kept."""
+    from plus_tvm.gir.model import cpu_figures, runtime_threads
+    from plus_tvm.pattern_warehouse import ENV_VAR
+    from plus_tvm.pipeline import resolve_inputs
+    from plus_tvm.target import resolve_target
+
+    llvm = resolve_target("llvm")
+    folder = tmp_path / "entries"
+    folder.mkdir()
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    plain = resolve_inputs(llvm, Options())
+    assert plain.warehouse_env == ()
+    assert plain.gir_global_gbps == cpu_figures(llvm)["global_gbps"] > 0
+    assert plain.gir_cache_gbps == cpu_figures(llvm)["cache_gbps"] > 0
+    assert plain.threads == runtime_threads() >= 1
+    assert resolve_inputs(llvm, plain) == plain  # idempotent
+    monkeypatch.setenv(ENV_VAR, str(folder))
+    with_env = resolve_inputs(llvm, Options())
+    assert with_env.warehouse_env == (str(folder),)
+    assert with_env.digest() != plain.digest()
+    mine = Options(warehouse_env=(), threads=3, gir_global_gbps=7.5)
+    kept = resolve_inputs(llvm, mine)
+    assert (kept.warehouse_env, kept.threads, kept.gir_global_gbps) == ((), 3, 7.5)
+    # GPU targets: only the warehouse is read (their model figures are per architecture)
+    cuda = resolve_inputs(resolve_target({"kind": "cuda", "arch": "sm_90"}), Options())
+    assert cuda.warehouse_env == (str(folder),) and cuda.threads == 0
+
+
+def test_stats_name_the_resolved_inputs_and_the_gir_model_reads_them(monkeypatch):
+    """What a compile read is in stats["options"]; the GIR rule plans with those figures."""
+    import plus_tvm
+    from plus_tvm.pattern_warehouse import ENV_VAR
+    from plus_tvm.pipeline import _gir_machine
+    from plus_tvm.target import resolve_target
+    from torch import nn
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    stats = plus_tvm.inspect(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), example_args=(_x(),))
+    used = stats["options"]
+    assert used["warehouse_env"] == [] and used["threads"] >= 1 and used["gir_global_gbps"] > 0
+    llvm = resolve_target("llvm")
+    machine = _gir_machine(llvm, Options(gir_global_gbps=12.0, gir_cache_gbps=34.0, threads=1))
+    assert (machine.global_gbps, machine.cache_gbps, machine.units) == (12.0, 34.0, 1)
+    assert machine.measured
+
+
+def test_optional_tuple_and_number_options_parse():
+    opts = Options.from_pairs(["warehouse_env=a,b", "threads=2", "gir_cache_gbps=50"])
+    assert opts.warehouse_env == ("a", "b") and opts.threads == 2 and opts.gir_cache_gbps == 50.0
+    assert Options.from_pairs(["warehouse_env=none"]).warehouse_env is None
+    with pytest.raises(OptionsError, match="gir_global_gbps"):
+        Options(gir_global_gbps=-1.0)
+    with pytest.raises(OptionsError, match="threads"):
+        Options(threads=-2)
+
+
+def _x():
+    import torch
+
+    return torch.randn(2, 8)

@@ -34,6 +34,7 @@ from .pipeline import (
     PHASE_NAMES,
     dump_phase,
     phase_passes,
+    resolve_inputs,
     tvm_post_lowering_passes,
     tvm_pre_lowering_passes,
 )
@@ -83,16 +84,19 @@ _POST = PHASE_NAMES[4:]
 
 
 # --------------------------------------------------------------------------------------- stats
-def _pre_lowering(
+def pre_lowering(
     loaded: LoadedModel,
     target: tvm.target.Target,
     options: Options,
     pipeline: str,
     dumper: _PhaseDumper | None = None,
 ) -> tuple[tvm.IRModule, dict[str, object]]:
-    """Run phases 1-4 (or TVM's equivalent) and collect the statistics."""
+    """Run phases 1-4 (or TVM's equivalent) on a loaded model and collect the statistics: the
+    module :func:`compile` hands to code generation, and :func:`inspect`'s stats (with the
+    options resolved by :func:`plus_tvm.pipeline.resolve_inputs`)."""
     if pipeline not in PIPELINES:
         raise PlusError(f"unknown pipeline {pipeline!r}; choose one of {list(PIPELINES)}")
+    options = resolve_inputs(target, options)
     start = time.perf_counter()
     recorder = FusionRecorder()
     tracker = _PassTracker()
@@ -233,7 +237,7 @@ def inspect(
             _writable_folder(options.dump_ir, "dump_ir")
         loaded = load_model(mod_or_model, example_args)
         dumper = _PhaseDumper(options.dump_ir) if options.dump_ir else None
-        _, stats = _pre_lowering(loaded, resolve_target(target), options, pipeline, dumper)
+        _, stats = pre_lowering(loaded, resolve_target(target), options, pipeline, dumper)
         return stats
 
 
@@ -284,8 +288,9 @@ def _compile(
             "pass (IRModule, params) as the frontends return them"
         )
     start = time.perf_counter()
+    options = resolve_inputs(tgt, options)
     dumper = _PhaseDumper(options.dump_ir) if options.dump_ir else None
-    mod, stats = _pre_lowering(loaded, tgt, options, pipeline, dumper)
+    mod, stats = pre_lowering(loaded, tgt, options, pipeline, dumper)
     post = (
         phase_passes(tgt, options, _POST) if pipeline == "plus" else tvm_post_lowering_passes(tgt)
     )

@@ -60,7 +60,11 @@ class Options:
         machine it measured within noise (BERT-base 0.98-1.01x, T5 1.01x, LLaMA 1.02x).
     warehouse : tuple of str
         Extra warehouse entry folders (``NAME.toml`` files, see ``plus_tvm.pattern_warehouse``),
-        loaded after the shipped entries and the folders of ``$PLUS_TVM_WAREHOUSE``.
+        loaded after the shipped entries and the folders of ``warehouse_env``.
+    warehouse_env : tuple of str or None
+        The folders of ``$PLUS_TVM_WAREHOUSE``. None (default): read from the environment when
+        compilation starts (:func:`plus_tvm.pipeline.resolve_inputs`), so that the options a
+        compile ran with (``stats["options"]``, :meth:`digest`) name every folder it read.
     gir : {"auto", "on", "off"} or bool
         Phase 4: schedule memory-intensive kernels (norms, softmax, activations, transposes,
         reductions, matrix-vector products) through GIR plans of PowerFusion (paper 002):
@@ -70,6 +74,13 @@ class Options:
     gir_search_budget : int
         Most GIR candidate graphs the search evaluates per kernel (0: all of them; they are
         few, and the performance model's lower bound stops the search early).
+    gir_global_gbps, gir_cache_gbps : float
+        CPU copy bandwidths (memory, and in cache per core; GB/s) of the GIR performance model.
+        0 (default): the measurement ``python -m plus_tvm.gir.model`` stored for the target,
+        else the model's defaults, read when compilation starts.
+    threads : int
+        Threads of TVM's pool that the CPU schedules plan their parallel loops for. 0
+        (default): the runtime's pool when compilation starts (``plus_tvm.threads`` sizes it).
     conv_layout : {"auto", "nchw", "nhwc"}
         Phase 1: the layout the convolutions and the operators between them run in.
         ``"nhwc"`` rewrites NCHW models to channels last (``ConvertToChannelsLast``; the layout
@@ -115,8 +126,12 @@ class Options:
     dispatch_cost_model: bool = True
     merge_linears: bool = False
     warehouse: tuple[str, ...] = field(default_factory=tuple)
+    warehouse_env: tuple[str, ...] | None = None
     gir: str = "auto"
     gir_search_budget: int = 0
+    gir_global_gbps: float = 0.0
+    gir_cache_gbps: float = 0.0
+    threads: int = 0
     conv_layout: str = "auto"
     cuda_graph: str = "auto"
     cuda_graph_max_sizes: int = 32
@@ -125,9 +140,10 @@ class Options:
     dump_ir: str | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.warehouse, (list, str)):
-            items = [self.warehouse] if isinstance(self.warehouse, str) else self.warehouse
-            object.__setattr__(self, "warehouse", tuple(items))
+        for name in ("warehouse", "warehouse_env"):
+            value = getattr(self, name)
+            if isinstance(value, (list, str)):
+                object.__setattr__(self, name, tuple([value] if isinstance(value, str) else value))
         _check_choice("fusion", self.fusion, FUSION_CHOICES)
         _check_choice("cuda_graph", self.cuda_graph, CUDA_GRAPH_CHOICES)
         _check_choice("conv_layout", self.conv_layout, CONV_LAYOUT_CHOICES)
@@ -145,7 +161,12 @@ class Options:
                 f"option fusion_max_group_size must be a positive integer, "
                 f"got {self.fusion_max_group_size!r}"
             )
-        for name in ("gir_search_budget", "cuda_graph_max_sizes"):
+        for name in ("gir_global_gbps", "gir_cache_gbps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise OptionsError(f"option {name} must be a non-negative number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        for name in ("gir_search_budget", "cuda_graph_max_sizes", "threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise OptionsError(f"option {name} must be a non-negative integer, got {value!r}")
@@ -238,10 +259,12 @@ def _parse_value(key: str, raw: str, hint: object) -> object:
         if low in _FALSE:
             return False
         raise OptionsError(f"option {key} must be true or false, got {raw!r}")
-    if typing.get_origin(hint) is tuple:
-        return tuple(item.strip() for item in raw.split(",") if item.strip())
-    if raw.lower() == "none" and type(None) in typing.get_args(hint):
+    args = typing.get_args(hint)
+    if raw.lower() == "none" and type(None) in args:
         return None
+    optional = [a for a in args if a is not type(None)] if type(None) in args else []
+    if typing.get_origin(hint) is tuple or [typing.get_origin(a) for a in optional] == [tuple]:
+        return tuple(item.strip() for item in raw.split(",") if item.strip())
     if hint in (int, float):
         try:
             return hint(raw)

@@ -437,10 +437,16 @@ def package_dir() -> str:
     return str(importlib.resources.files("plus_tvm.warehouse"))
 
 
+def env_folders() -> tuple[str, ...]:
+    """The folders ``$PLUS_TVM_WAREHOUSE`` names now (``os.pathsep``-separated)."""
+    return tuple(d.strip() for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d.strip())
+
+
 def load_warehouse(
     extra_dirs: Sequence[str] = (),
     *,
     use_env: bool = True,
+    env_dirs: Sequence[str] | None = None,
     known_implementations: Collection[str] | None = None,
 ) -> Warehouse:
     """Load the shipped entries, then ``$PLUS_TVM_WAREHOUSE``'s folders, then ``extra_dirs``.
@@ -452,6 +458,9 @@ def load_warehouse(
     use_env : bool
         Also read the folders of the ``PLUS_TVM_WAREHOUSE`` environment variable
         (``os.pathsep``-separated).
+    env_dirs : sequence of str, optional
+        Those folders as read earlier (``Options.warehouse_env``); the environment is then not
+        read again.
     known_implementations : collection of str, optional
         Implementation names entries may use; default: ``plus_tvm.dispatch.known_implementations()``
         where that module exists (otherwise names are not checked).
@@ -479,10 +488,9 @@ def load_warehouse(
         known = frozenset(known_implementations)
 
     sources: list[tuple[str, str]] = [(package_dir(), "the shipped warehouse")]
-    if use_env:
-        for d in os.environ.get(ENV_VAR, "").split(os.pathsep):
-            if d.strip():
-                sources.append((d.strip(), ENV_VAR))
+    if use_env or env_dirs is not None:
+        env = env_folders() if env_dirs is None else tuple(env_dirs)
+        sources += [(d, ENV_VAR) for d in env]
     sources += [(str(d), "the extra folders (Options.warehouse)") for d in extra_dirs]
 
     entries: dict[str, WarehouseEntry] = {}

@@ -121,7 +121,7 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         # loaded here, not inside the pass: an error in a user's entry then reaches the caller
         # as the WarehouseError naming the file and line (TVM's pass manager would turn it
         # into a bare RuntimeError)
-        warehouse = load_warehouse(options.warehouse)
+        warehouse = load_warehouse(options.warehouse, env_dirs=options.warehouse_env)
         passes.append(PlusDispatch(warehouse=warehouse, cost=cost, propagate_nan=nan))
         if options.merge_linears:
             from .passes import MergeSiblingLinears
@@ -186,7 +186,7 @@ def _schedule_passes(target: tvm.target.Target, options: Options) -> list[tvm.tr
         if options.gir_enabled(target):
             from .schedules import GIRCUDA
 
-            gir = [GIRCUDA(budget=options.gir_search_budget)]
+            gir = [GIRCUDA(budget=options.gir_search_budget, machine=_gir_machine(target, options))]
         return [
             ApplyScheduleRules(
                 *gir,
@@ -200,10 +200,52 @@ def _schedule_passes(target: tvm.target.Target, options: Options) -> list[tvm.tr
     if options.gir_enabled(target):
         from .schedules import GIRLLVM, ParallelSpatialLLVM
 
-        return [
-            ApplyScheduleRules(GIRLLVM(budget=options.gir_search_budget), ParallelSpatialLLVM())
-        ]
+        rule = GIRLLVM(budget=options.gir_search_budget, machine=_gir_machine(target, options))
+        return [ApplyScheduleRules(rule, ParallelSpatialLLVM())]
     return []
+
+
+def _gir_machine(target: tvm.target.Target, options: Options):  # noqa: ANN202
+    """The GIR performance model's figures from the options (unresolved ones as
+    :func:`resolve_inputs` would resolve them now)."""
+    from .gir.model import machine_for
+
+    figures = None
+    if options.gir_global_gbps or options.gir_cache_gbps:
+        figures = {
+            k: v
+            for k, v in (
+                ("global_gbps", options.gir_global_gbps),
+                ("cache_gbps", options.gir_cache_gbps),
+            )
+            if v
+        }
+    return machine_for(target, figures, options.threads)
+
+
+def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
+    """``options`` with every compile input that is not in the model read now and written
+    into its fields: the folders of ``$PLUS_TVM_WAREHOUSE`` (``warehouse_env``), and for CPU
+    targets the GIR model's stored bandwidths (``gir_global_gbps``, ``gir_cache_gbps``) and
+    TVM's pool size (``threads``). Fields the caller set are kept. Both :func:`pipeline` and
+    ``plus_tvm.compile`` run the phases with the resolved options, so ``stats["options"]``
+    and :meth:`Options.digest` name everything that shaped the compiled code."""
+    from .pattern_warehouse import env_folders
+
+    changes: dict[str, object] = {}
+    if options.warehouse_env is None:
+        changes["warehouse_env"] = env_folders()
+    if target.kind.name == "llvm":
+        from .gir.model import cpu_figures, runtime_threads
+
+        figures = cpu_figures(target)
+        if not options.gir_global_gbps:
+            changes["gir_global_gbps"] = figures["global_gbps"]
+        if not options.gir_cache_gbps:
+            changes["gir_cache_gbps"] = figures["cache_gbps"]
+        if not options.threads and runtime_threads():
+            changes["threads"] = runtime_threads()
+    return options.replace(**changes) if changes else options
 
 
 def _nan_passes(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
@@ -323,7 +365,7 @@ def pipeline(
     def _plus_pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         tgt = fixed or tvm.target.Target.current(allow_none=True) or resolve_target("llvm")
         with tgt:
-            phases = phase_passes(tgt, options)
+            phases = phase_passes(tgt, resolve_inputs(tgt, options))
             if not options.dump_ir:
                 return tvm.transform.Sequential(phases, name="plus")(mod)
             for number, phase in enumerate(phases, 1):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from ..errors import TVM_REFUSAL
 from ..paths import cache_dir
 from .analysis import Kernel
 from .ir import Graph, Hierarchy, Kind, Scope
@@ -71,23 +72,28 @@ _CPU_DEFAULT = dict(global_gbps=20.0, cache_gbps=100.0, unit_share=0.6)
 def _cpu_lanes(target: tvm.target.Target) -> int:
     try:
         bits = tvm.target.codegen.llvm_get_vector_width(target)
-    except Exception:  # noqa: BLE001 - an unknown mcpu has no vector width
+    except TVM_REFUSAL:  # an mcpu (or triple) this LLVM does not know has no vector width
         bits = 128
     return max(int(bits) // 32, 4) if bits and bits > 0 else 4
 
 
-def _runtime_threads() -> int:
-    try:
-        return int(tvm.get_global_func("runtime.NumThreads")())
-    except Exception:  # noqa: BLE001 - a runtime without the query: trust the target
-        return 0
+def runtime_threads() -> int:
+    """Threads of TVM's pool (which TVM sizes when it starts); 0 when the runtime has no such
+    query."""
+    query = tvm.get_global_func("runtime.NumThreads", allow_missing=True)
+    return int(query()) if query is not None else 0
 
 
-def cpu_machine(target: tvm.target.Target, figures: dict | None = None) -> Machine:
+def cpu_machine(
+    target: tvm.target.Target, figures: dict | None = None, threads: int = 0
+) -> Machine:
+    """The CPU model: ``figures`` are measured bandwidths (``global_gbps``, ``cache_gbps``;
+    missing ones take the defaults), ``threads`` the pool the parallel loops run on (0: the
+    runtime's pool now)."""
     cores = int(target.attrs.get("num-cores", 0) or os.cpu_count() or 1)
     # parallel loops run on the runtime's thread pool, which may be smaller than the target's
     # cores (TVM sizes it at start-up from TVM_NUM_THREADS; plus_tvm.threads sets every core)
-    cores = max(1, min(cores, _runtime_threads() or cores))
+    cores = max(1, min(cores, threads or runtime_threads() or cores))
     lanes = _cpu_lanes(target)
     f = dict(_CPU_DEFAULT)
     if figures:
@@ -111,7 +117,7 @@ def cpu_machine(target: tvm.target.Target, figures: dict | None = None) -> Machi
         chain_ns=1.4,  # 4 cycles
         stack_bytes=1024,  # TVM's kMaxStackAlloca
         alloc_ns=400.0,  # TVMBackendAllocWorkspace + Free, measured on softmax rows
-        measured=bool(figures),
+        measured=any(figures.get(k, v) != v for k, v in _CPU_DEFAULT.items()) if figures else False,
     )
 
 
@@ -146,11 +152,21 @@ def gpu_machine(target: tvm.target.Target) -> Machine:
     )
 
 
-def machine_for(target: tvm.target.Target) -> Machine:
-    """The model's figures for ``target``: measured ones from the cache file when present."""
+def machine_for(
+    target: tvm.target.Target, figures: dict | None = None, threads: int = 0
+) -> Machine:
+    """The model's figures for ``target``: ``figures`` and ``threads`` as :func:`cpu_machine`
+    takes them, or (None) measured ones from the cache file when present."""
     if "gpu" in target.keys:
         return gpu_machine(target)
-    return cpu_machine(target, load_figures(target))
+    return cpu_machine(target, load_figures(target) if figures is None else figures, threads)
+
+
+def cpu_figures(target: tvm.target.Target) -> dict[str, float]:
+    """The bandwidths the CPU model uses for ``target`` now: the stored measurement, else the
+    defaults (what ``Options.gir_global_gbps`` / ``gir_cache_gbps`` of 0 resolve to)."""
+    stored = load_figures(target) or {}
+    return {k: float(stored.get(k, _CPU_DEFAULT[k])) for k in ("global_gbps", "cache_gbps")}
 
 
 # ------------------------------------------------------------------ measured CPU figures
@@ -163,7 +179,7 @@ def figures_key(target: tvm.target.Target) -> str:
         pass
     text = (
         f"{target.attrs.get('mcpu', '')}|{target.attrs.get('num-cores', '')}|{cpu.strip()}"
-        f"|threads={_runtime_threads()}"
+        f"|threads={runtime_threads()}"
     )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

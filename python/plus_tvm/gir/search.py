@@ -156,19 +156,31 @@ def plan_kernel(kernel: Kernel, m: Machine, budget: int = 0) -> Plan | None:
     return best
 
 
-def plan(func: tirx.PrimFunc, target: tvm.target.Target, budget: int = 0) -> Plan | None:
-    """Analyze ``func`` and plan it for ``target``; ``None`` when it is not a GIR kernel."""
+def plan(
+    func: tirx.PrimFunc,
+    target: tvm.target.Target,
+    budget: int = 0,
+    machine: Machine | None = None,
+) -> Plan | None:
+    """Analyze ``func`` and plan it for ``target`` (on ``machine``'s figures, default
+    :func:`machine_for` the target); ``None`` when it is not a GIR kernel."""
     func = normalize(func)
     kernel = analyze(func)
     if kernel is None:
         return None
-    best = plan_kernel(kernel, machine_for(target), budget)
+    best = plan_kernel(kernel, machine or machine_for(target), budget)
     if best is not None:
         best.func = func
     return best
 
 
-def plan_for_rule(func: object, target: tvm.target.Target, kind: str, budget: int = 0):
+def plan_for_rule(
+    func: object,
+    target: tvm.target.Target,
+    kind: str,
+    budget: int = 0,
+    machine: Machine | None = None,
+):
     """What a GIR schedule rule for targets of ``kind`` (``"llvm"``, ``"cuda"``) does first:
     the plan of ``func``, or ``None`` when it is not a PrimFunc, the target is another kind,
     the function is already scheduled, or it is not a GIR kernel."""
@@ -176,4 +188,4 @@ def plan_for_rule(func: object, target: tvm.target.Target, kind: str, budget: in
         return None
     if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
         return None
-    return plan(func, target, budget)
+    return plan(func, target, budget, machine)
