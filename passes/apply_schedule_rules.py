@@ -19,7 +19,7 @@ from collections import Counter
 
 import tvm
 from plus_tvm import interrupt
-from plus_tvm.errors import TVM_REFUSAL
+from plus_tvm.errors import TVM_FAILURE, TVM_REFUSAL
 from tvm import tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
 
@@ -80,7 +80,7 @@ class ApplyScheduleRules:
                 else:
                     report.fail(name, rule_name, err)
                 continue
-            except Exception as err:  # a bug in the rule: reported, never silent
+            except TVM_FAILURE as err:  # a rule failing on a kernel: reported, never silent
                 interrupt.check()
                 report.fail(name, rule_name, err)
                 continue

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import zipfile
 from collections.abc import Sequence
 
 EXIT_USER_ERROR = 2
@@ -168,7 +169,7 @@ def _load_inputs(path: str, specs: list) -> tuple:
         raise ModelLoadError(f"inputs file not found: {path}")
     try:
         data = np.load(path)
-    except Exception as err:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # not an .npz / .npy
         raise ModelLoadError(f"cannot read inputs file {path}: {err}") from None
     if all(s.name in data.files for s in specs):
         return tuple(data[s.name] for s in specs)

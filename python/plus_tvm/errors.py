@@ -49,6 +49,19 @@ class OutputWriteError(PlusError, OSError):
 # ``plus_tvm.interrupt.check()`` first.
 TVM_REFUSAL = (RuntimeError, ValueError)
 
+# What TVM's Python code (importers' converters, legalizers, schedule rules) raises when it
+# fails on an input: the kinds the FFI maps C++ errors to, and the asserts of its Python code.
+# Any other error type is a bug and propagates.
+TVM_FAILURE = (
+    RuntimeError,
+    ValueError,
+    TypeError,
+    IndexError,
+    KeyError,
+    AttributeError,
+    AssertionError,
+)
+
 
 class InternalCompileError(RuntimeError):
     """A pass failed on a model where it should not: a bug of the pipeline (not bad input).

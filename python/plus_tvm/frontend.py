@@ -21,7 +21,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .errors import ModelLoadError, PlusError, UnsupportedOperatorError
+from .errors import TVM_FAILURE, ModelLoadError, PlusError, UnsupportedOperatorError
 
 if typing.TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -73,7 +73,7 @@ def export_torch(
         try:
             with torch.no_grad():
                 program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
-        except Exception as err:  # torch.export raises many error types
+        except Exception as err:  # noqa: BLE001 - the user's forward runs here: any error
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelLoadError(
                 f"torch.export failed for {type(module).__name__}: {first}"
@@ -156,7 +156,7 @@ def _naming_errors(op_name: str, fn: Callable) -> Callable:
             return fn(node, *rest)
         except PlusError:
             raise
-        except Exception as err:
+        except TVM_FAILURE as err:
             msg = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
             raise UnsupportedOperatorError(
                 f"cannot import torch operator {op_name} at node '{node.name}'"
@@ -236,7 +236,7 @@ def from_onnx(
         mod = import_model(model, shapes, dtypes, keep_params_in_input=True, where=where)
     except PlusError:
         raise
-    except Exception as err:  # the importer outside any node (graph inputs, outputs)
+    except TVM_FAILURE as err:  # the importer outside any node (graph inputs, outputs)
         msg = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise UnsupportedOperatorError(f"{where}: TVM's ONNX importer failed: {msg}") from err
     return _detach(mod)
@@ -245,6 +245,7 @@ def from_onnx(
 def load_onnx(path_or_proto: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     """Load and check an ONNX model, with errors that name the file."""
     import onnx
+    from google.protobuf.message import DecodeError
 
     if isinstance(path_or_proto, onnx.ModelProto):
         model = path_or_proto
@@ -255,7 +256,7 @@ def load_onnx(path_or_proto: str | os.PathLike | onnx.ModelProto) -> onnx.ModelP
             raise ModelLoadError(f"ONNX file not found: {where}")
         try:
             model = onnx.load(where)
-        except Exception as err:
+        except (OSError, ValueError, DecodeError) as err:
             raise ModelLoadError(f"cannot parse ONNX file {where}: {err}") from None
     if not model.graph.node and not model.graph.output:
         raise ModelLoadError(f"{where} holds no ONNX graph (empty or not an ONNX model)")

@@ -164,7 +164,7 @@ def _load_python(ref: str) -> tuple[object, tuple | None]:
             pymod = importlib.import_module(where)
     except ModelLoadError:
         raise
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - the user's module runs here: any error
         raise ModelLoadError(f"cannot import {where}: {type(err).__name__}: {err}") from None
     if not hasattr(pymod, attr):
         raise ModelLoadError(f"{where} has no attribute {attr!r}")

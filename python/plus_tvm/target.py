@@ -11,7 +11,7 @@ import os
 
 import tvm
 
-from .errors import TargetError
+from .errors import TVM_FAILURE, TargetError
 
 DEFAULT_CUDA_ARCH = "sm_90"
 
@@ -67,7 +67,7 @@ def resolve_target(target: str | dict | tvm.target.Target | None) -> tvm.target.
             if spec.get("kind") == "cuda" and "host" not in spec:
                 return tvm.target.Target(spec, host=host_target())
             return tvm.target.Target(spec)
-        except Exception as err:  # TVM raises its own error types for bad dicts
+        except TVM_FAILURE as err:  # an unknown kind or attribute, a value of the wrong type
             raise TargetError(f"invalid target {spec!r}: {str(err).splitlines()[-1]}") from None
     raise TargetError(f"target must be a name, JSON text, dict or tvm Target, got {type(target)}")
 

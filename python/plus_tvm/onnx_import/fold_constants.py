@@ -22,6 +22,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..errors import TVM_FAILURE
+
 MAX_FOLD_ELEMENTS = 4096  # folded values are shapes, indices and scalars, never weights
 _NEVER = frozenset(
     (
@@ -158,7 +160,7 @@ def _evaluate(node, values: list, opset: int) -> list[np.ndarray] | None:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             outputs = ReferenceEvaluator(model).run(None, feeds)
-    except Exception:  # noqa: BLE001 - the reference cannot run it: the node stays as it is
+    except (*TVM_FAILURE, ArithmeticError):  # the reference cannot run it: the node stays
         return None
     arrays = []
     for value in outputs:

@@ -33,7 +33,7 @@ from onnx import numpy_helper
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 
-from ..errors import PlusError, UnsupportedOperatorError
+from ..errors import TVM_FAILURE, PlusError, UnsupportedOperatorError
 from .converters import CONVERTERS
 from .fold_constants import fold_constants
 
@@ -125,7 +125,7 @@ class PlusONNXImporter(ONNXGraphImporter):
                     super()._construct_nodes(_OneNode((node,)))
             except PlusError:
                 raise
-            except Exception as err:  # any converter failure: say which node, op and why
+            except TVM_FAILURE as err:  # a converter failing: say which node, op and why
                 raise UnsupportedOperatorError(
                     f"{self.where}: cannot convert ONNX node {_describe(node, index)} "
                     f"(opset {self.opset}): {_reason(err)}"

@@ -20,6 +20,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ..errors import TVM_FAILURE
+
 MEASURE_ENV = "PLUS_TVM_MEASURE_LIBRARY"
 
 # Measured on this project's 2-core AMD EPYC (Zen 5, AVX-512) machine with
@@ -77,7 +79,7 @@ class _Measurements:
         if self.overhead is None:
             try:
                 self.overhead = _measure_overhead()
-            except Exception:  # no LLVM / VM failure: fall back to the documented figure
+            except (*TVM_FAILURE, OSError):  # no LLVM, a VM failure: the documented figure
                 self.overhead = OVERHEAD_FALLBACK_US
         return self.overhead
 
@@ -91,7 +93,7 @@ class _Measurements:
         if key not in self.gflops:
             try:
                 self.gflops[key] = _measure_cpu_gflops(kernel)
-            except Exception:  # a kernel failing here fails at run time too; keep the table
+            except (*TVM_FAILURE, OSError):  # fails at run time too; keep the table
                 self.gflops[key] = table
         return self.gflops[key]
 
