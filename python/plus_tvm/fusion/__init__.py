@@ -1,4 +1,8 @@
-"""Fusion-plan search of paper 004 (section 3.3): graph, candidates, cost model, search."""
+"""Fusion-plan search of paper 004 (section 3.3): graph, candidates, cost model, search.
+
+The rules it applies are the mapping classes of :mod:`plus_tvm.mapping` (section 3.1); the pass
+that runs it is ``plus_tvm.passes.DPFuseOps``.
+"""
 
 from .candidates import Candidate, build_candidates, longest_paths
 from .cost import balance_cost, fused_cost, memory_cost

@@ -3,7 +3,8 @@
 ``analysis`` splits a fused PrimFunc into basic operators, ``generate`` instantiates and merges
 per-operator GIR templates, ``rewrite`` applies the rewrite rules (algorithm 1), ``model``
 estimates a graph's time from measured machine figures and ``search`` picks the best graph.
-The rules of ``plus_tvm.schedules`` lower the chosen graph to a TensorIR schedule.
+The rules of ``plus_tvm.schedules`` lower the chosen graph to a TensorIR schedule. The basic
+operators are read off the shared block analysis (:mod:`plus_tvm.tir_blocks`).
 """
 
 from .analysis import Kernel, MemoryOperator, analyze

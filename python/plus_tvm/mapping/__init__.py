@@ -1,4 +1,8 @@
-"""Mapping-type operator classes (paper 004, section 3.1): registry, TIR analysis, fusion rules."""
+"""Mapping-type operator classes (paper 004, section 3.1): registry, TIR analysis, fusion rules.
+
+The classes of PrimFuncs are read off the shared block analysis (:mod:`plus_tvm.tir_blocks`);
+the plan search that uses the rules is :mod:`plus_tvm.fusion` (paper 004, section 3.3).
+"""
 
 from .classes import MapPattern, most_complex
 from .op_table import OP_MAP_PATTERNS, op_map_pattern, register_op_map_patterns

@@ -1,4 +1,9 @@
-"""+Loop / +Graph: the loop-centric subgraph identifiers of PluS (paper 000, section 4.1)."""
+"""+Loop / +Graph: the loop-centric subgraph identifiers of PluS (paper 000, section 4.1).
+
+The builder reads each block's loops, accesses and reduction operator from the shared block
+analysis (:mod:`plus_tvm.tir_blocks`); :mod:`plus_tvm.dispatch` matches the +Graphs against
+the warehouse.
+"""
 
 from .build import (
     LoopOperator,

@@ -1,5 +1,9 @@
 """Library kernels reached through ``R.call_dps_packed`` (the Relax paper's call_dps_library).
 
+Paper map: the library side of PluS's dispatch (paper 000; the warehouse entries name these
+kernels, :mod:`plus_tvm.dispatch.binders` build their calls), and :mod:`.cuda_graph`, the
+capture / replay runtime of PyGraph (paper 001) and the Relax paper's section 4.5.
+
 Importing this package registers one TVM global function per kernel (the VM resolves names when
 a ``VirtualMachine`` is built, so ``import plus_tvm`` does it). Every kernel follows::
 
