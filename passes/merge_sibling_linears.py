@@ -21,13 +21,12 @@ before the first call of the group, where the merged call is placed.
 from __future__ import annotations
 
 import tvm
-from plus_tvm.runtime._common import format_config
 from plus_tvm.runtime.linear import LINEAR_SPEC
 from tvm import relax
 
 from ._dataflow_rewrite import op_name
 
-KERNEL = "plus.linear"
+KERNEL = LINEAR_SPEC.kernel
 
 
 def _linear_call(value: relax.Expr):
@@ -90,7 +89,7 @@ def _group_key(binding: relax.VarBinding, params: set, defs: dict) -> tuple | No
 
 
 def _config_text(cfg, parts: int) -> str:
-    return format_config({**cfg._asdict(), "parts": parts})
+    return LINEAR_SPEC.format({**cfg._asdict(), "parts": parts})
 
 
 def _merge_block(block: relax.DataflowBlock, params: set, bb: relax.BlockBuilder):

@@ -29,34 +29,41 @@ weight mutated in place after its first call is not re-packed: call :func:`clear
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 import tvm_ffi
 
 from ..threads import physical_cores
 from . import cuda_graph, native
 from ._common import ConfigSpec, LibraryKernel, PrepackCache, to_torch
-from .attention import Attention
-from .conv2d import Conv2d
-from .layer_norm import LayerNorm
-from .linear import Linear
-from .linear_layernorm import LinearLayerNorm
-from .matmul import Matmul
 from .perf import call_overhead_us, library_gflops, library_time_us
-from .rms_norm import RMSNorm
-from .softmax import Softmax
 
-KERNELS: dict[str, LibraryKernel] = {
-    k.name: k
-    for k in (
-        Linear(),
-        LinearLayerNorm(),
-        Matmul(),
-        Attention(),
-        LayerNorm(),
-        RMSNorm(),
-        Softmax(),
-        Conv2d(),
-    )
-}
+_NOT_KERNELS = frozenset({"cuda_graph", "native", "perf"})  # the runtime's own services
+
+
+def _discover() -> dict[str, LibraryKernel]:
+    """One instance of every :class:`LibraryKernel` subclass defined in a module of this
+    package (one kernel per file: a new kernel file needs no table entry), by kernel name."""
+    kernels: dict[str, LibraryKernel] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_") or info.name in _NOT_KERNELS:
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for obj in vars(module).values():
+            if (
+                isinstance(obj, type)
+                and issubclass(obj, LibraryKernel)
+                and obj.__module__ == module.__name__
+                and obj.name
+            ):
+                if obj.name in kernels:
+                    raise RuntimeError(f"two library kernels named {obj.name}")
+                kernels[obj.name] = obj()
+    return kernels
+
+
+KERNELS: dict[str, LibraryKernel] = _discover()
 
 
 def register() -> None:

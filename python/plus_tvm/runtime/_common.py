@@ -156,6 +156,20 @@ class ConfigSpec:
                 ) from None
         return self.type(**values)
 
+    def format(self, config: dict[str, object]) -> str:
+        """The config string of ``config`` (:func:`format_config`), checked against the keys
+        and value types of this spec: the compiler builds every library call's config through
+        it, so a key the kernel does not know fails at compile time, naming kernel and key.
+
+        Raises
+        ------
+        ValueError
+            Naming the kernel and the key, for an unknown key or a bad value.
+        """
+        text = format_config(config)
+        self._parse(text)
+        return text
+
     def describe(self) -> str:
         """``key=<values>`` for every key, joined by ``;`` (for error messages and docs)."""
         return ";".join(f"{k}={f.doc}" for k, f in self.fields.items())
@@ -465,6 +479,11 @@ class LibraryKernel:
 
     name: str = ""
     spec: ConfigSpec
+    #: throughput the dispatch cost model prices a call at (GFLOP/s; memory-bound kernels in
+    #: "GFLOP/s" of a few flops per element), on CPU (this project's 2-core machine, measured
+    #: with scripts/bench_kernels.py) and on CUDA (order of an H100, not measured)
+    cpu_gflops: float = 10.0
+    cuda_gflops: float = 1000.0
 
     def __init__(self) -> None:
         self.cache = PrepackCache(self.name)
@@ -480,6 +499,13 @@ class LibraryKernel:
     def run(self, cfg: tuple, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         """Compute into ``out`` from torch tensors (the body of the kernel)."""
         raise NotImplementedError
+
+    def probe(self, rand: Callable[..., torch.Tensor]) -> tuple | None:
+        """One representative call, ``(inputs, config, out, flops)``, for measuring this
+        machine's throughput (``PLUS_TVM_MEASURE_LIBRARY=1``); None (default): not measured,
+        :attr:`cpu_gflops` is used. ``rand(*shape)`` draws a tensor."""
+        del rand
+        return None
 
     def num_outputs(self, cfg: tuple) -> int:
         """How many outputs the VM passes after the config string (default one)."""

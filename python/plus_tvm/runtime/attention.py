@@ -37,6 +37,12 @@ class Attention(LibraryKernel):
 
     name = "plus.attention"
     spec = ATTENTION_SPEC
+    cpu_gflops = 130.0  # 1x12x128x64, SDPA flash: 120-150
+    cuda_gflops = 5000.0
+
+    def probe(self, rand):  # noqa: ANN001, ANN201
+        q, k, v = (rand(1, 12, 128, 64) for _ in range(3))
+        return (q, k, v), "", torch.empty(1, 12, 128, 64), 4.0 * 12 * 128 * 128 * 64
 
     def __init__(self) -> None:
         super().__init__()

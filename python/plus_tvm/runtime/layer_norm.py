@@ -26,6 +26,7 @@ class LayerNorm(LibraryKernel):
 
     name = "plus.layer_norm"
     spec = LAYER_NORM_SPEC
+    cpu_gflops = 45.0  # 128x768, 8 flops per element
 
     def num_inputs(self, cfg) -> int:
         return 1 + cfg.gamma + cfg.beta

@@ -172,6 +172,12 @@ class Linear(LibraryKernel):
 
     name = "plus.linear"
     spec = LINEAR_SPEC
+    cpu_gflops = 420.0  # 128x768x{768,2304,3072}, prepacked weight: 390-460
+    cuda_gflops = 20000.0
+
+    def probe(self, rand):  # noqa: ANN001, ANN201
+        m, k, n = 128, 768, 3072
+        return (rand(m, k), rand(n, k), rand(n)), "bias=1", torch.empty(m, n), 2.0 * m * k * n
 
     def num_inputs(self, cfg) -> int:
         return 1 + cfg.parts * (1 + cfg.bias) + cfg.residual

@@ -40,6 +40,12 @@ class LinearLayerNorm(LibraryKernel):
 
     name = "plus.linear_layernorm"
     spec = LINEAR_LAYERNORM_SPEC
+    cpu_gflops = 370.0  # 128x768x768: 350-400
+    cuda_gflops = 15000.0
+
+    def probe(self, rand):  # noqa: ANN001, ANN201
+        m, k, n = 128, 768, 768
+        return (rand(m, k), rand(n, k), rand(n)), "bias=1", torch.empty(m, n), 2.0 * m * k * n
 
     def num_inputs(self, cfg) -> int:
         return 2 + cfg.bias + cfg.residual + cfg.gamma + cfg.beta

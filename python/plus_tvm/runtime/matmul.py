@@ -26,6 +26,12 @@ class Matmul(LibraryKernel):
 
     name = "plus.matmul"
     spec = MATMUL_SPEC
+    cpu_gflops = 190.0  # 12x128x64x128 (attention scores)
+    cuda_gflops = 10000.0
+
+    def probe(self, rand):  # noqa: ANN001, ANN201
+        flops = 2.0 * 12 * 128 * 64 * 128
+        return (rand(12, 128, 64), rand(12, 64, 128)), "", torch.empty(12, 128, 128), flops
 
     def num_inputs(self, cfg) -> int:
         return 2 + cfg.bias

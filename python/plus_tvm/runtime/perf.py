@@ -21,34 +21,10 @@ import numpy as np
 import torch
 
 from ..errors import TVM_FAILURE
+from ._common import LibraryKernel
 
 MEASURE_ENV = "PLUS_TVM_MEASURE_LIBRARY"
 
-# Measured on this project's 2-core AMD EPYC (Zen 5, AVX-512) machine with
-# scripts/bench_kernels.py (torch 2.13 CPU, 2 threads, fp32, kernel body without the VM):
-# linear 128x768x{768,2304,3072} with a prepacked weight 390-460; linear_layernorm 128x768x768
-# 350-400; matmul 12x128x64x128 (attention scores) 190; attention 1x12x128x64 (SDPA flash)
-# 120-150; conv2d ResNet-50 layers 200-475 (1x1 layers lowest); the memory-bound kernels at
-# 128x768 in "GFLOP/s" of 8 (layer_norm), 4 (rms_norm), 5 (softmax) flops per element.
-CPU_GFLOPS = {
-    "plus.linear": 420.0,
-    "plus.linear_layernorm": 370.0,
-    "plus.matmul": 190.0,
-    "plus.attention": 130.0,
-    "plus.conv2d": 350.0,
-    "plus.layer_norm": 45.0,
-    "plus.rms_norm": 12.0,
-    "plus.softmax": 18.0,
-}
-# CUDA: fp32 through cuBLAS/cuDNN with TF32 off, order of an H100 SXM at the shapes of
-# BERT-base batch 1 (small GEMMs do not reach the 60 TFLOP/s peak). Not measured here.
-CUDA_GFLOPS = {
-    "plus.linear": 20000.0,
-    "plus.linear_layernorm": 15000.0,
-    "plus.matmul": 10000.0,
-    "plus.attention": 5000.0,
-    "plus.conv2d": 15000.0,
-}
 OVERHEAD_FALLBACK_US = 15.0
 
 
@@ -84,10 +60,13 @@ class _Measurements:
         return self.overhead
 
     def library_gflops(self, kernel: str, target_kind: str, measure: bool) -> float:
+        from . import KERNELS
+
+        declared = KERNELS.get(kernel)
         if target_kind == "cuda":
-            return CUDA_GFLOPS.get(kernel, 1000.0)
-        table = CPU_GFLOPS.get(kernel, 10.0)
-        if not measure or kernel not in MEASURABLE:
+            return declared.cuda_gflops if declared is not None else 1000.0
+        table = declared.cpu_gflops if declared is not None else 10.0
+        if not measure or declared is None or type(declared).probe is LibraryKernel.probe:
             return table
         key = (kernel, target_kind)
         if key not in self.gflops:
@@ -149,43 +128,14 @@ def _measure_overhead() -> float:
     return max(vm_us - direct_us, 0.0)
 
 
-MEASURABLE = (
-    "plus.linear",
-    "plus.linear_layernorm",
-    "plus.matmul",
-    "plus.attention",
-    "plus.conv2d",
-)
-
-
 def _measure_cpu_gflops(kernel: str) -> float:
-    """Throughput of ``kernel`` on torch tensors at a BERT-base / ResNet-50 shape."""
+    """Throughput of ``kernel`` on torch tensors at the shape its :meth:`probe` declares."""
     from . import KERNELS
 
     # a private instance, so that its packed weights do not mix with the registered kernel's
     k = type(KERNELS[kernel])()
     g = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g)
-
-    if kernel in ("plus.linear", "plus.linear_layernorm"):
-        m, kk, n = 128, 768, 3072
-        if kernel == "plus.linear_layernorm":
-            n = 768
-        inputs, config = (rand(m, kk), rand(n, kk), rand(n)), "bias=1"
-        out, flops = torch.empty(m, n), 2.0 * m * kk * n
-    elif kernel == "plus.matmul":
-        inputs, config = (rand(12, 128, 64), rand(12, 64, 128)), ""
-        out, flops = torch.empty(12, 128, 128), 2.0 * 12 * 128 * 64 * 128
-    elif kernel == "plus.attention":
-        inputs, config = (rand(1, 12, 128, 64), rand(1, 12, 128, 64), rand(1, 12, 128, 64)), ""
-        out, flops = torch.empty(1, 12, 128, 64), 4.0 * 12 * 128 * 128 * 64
-    elif kernel == "plus.conv2d":
-        inputs, config = (rand(1, 64, 56, 56), rand(64, 64, 3, 3)), "padding=1"
-        out, flops = torch.empty(1, 64, 56, 56), 2.0 * 64 * 64 * 9 * 56 * 56
-    else:
-        raise KeyError(kernel)
+    inputs, config, out, flops = k.probe(lambda *shape: torch.randn(*shape, generator=g))
     cfg = k.spec.parse(config)
     # the lowest of several block minima, spread out so that one busy moment does not decide
     seconds = (

@@ -21,6 +21,7 @@ class RMSNorm(LibraryKernel):
 
     name = "plus.rms_norm"
     spec = RMS_NORM_SPEC
+    cpu_gflops = 12.0  # 128x768, 4 flops per element
 
     def num_inputs(self, cfg) -> int:
         return 1 + cfg.gamma

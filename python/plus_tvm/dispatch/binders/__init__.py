@@ -3,23 +3,24 @@ call for a matched subgraph (``None``: this implementation cannot express it).""
 
 from __future__ import annotations
 
-from .attention import bind_attention
-from .common import Ctx, LibraryCall
-from .conv2d import bind_conv2d
-from .linear import bind_linear, bind_linear_layernorm
-from .matmul import bind_matmul
-from .norms import bind_layer_norm, bind_rms_norm, bind_softmax
+import importlib
+import pkgutil
 
-BINDERS = {
-    "torch.linear": bind_linear,
-    "torch.linear_layernorm": bind_linear_layernorm,
-    "torch.matmul": bind_matmul,
-    "torch.sdpa": bind_attention,
-    "torch.sdpa_flash": bind_attention,
-    "torch.layer_norm": bind_layer_norm,
-    "torch.rms_norm": bind_rms_norm,
-    "torch.softmax": bind_softmax,
-    "torch.conv2d": bind_conv2d,
-}
+from .common import Ctx, LibraryCall
+
+
+def _collect() -> dict:
+    """The ``BINDS`` tables (implementation name -> binder) of every module of this package."""
+    binders: dict = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for name, fn in getattr(module, "BINDS", {}).items():
+            if name in binders:
+                raise RuntimeError(f"two binders for the implementation {name}")
+            binders[name] = fn
+    return binders
+
+
+BINDERS = _collect()
 
 __all__ = ["BINDERS", "Ctx", "LibraryCall"]

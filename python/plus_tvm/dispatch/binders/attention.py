@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tvm import relax
 
+from ...runtime.attention import ATTENTION_SPEC
 from .common import Ctx, LibraryCall, permute_axes, pre_binding, shape_of
 
 _VIEWS = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.broadcast_to"}
@@ -263,4 +264,8 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     if zero_masked:
         cfg["zero_masked"] = True
     args = [*tensors] + ([mask] if mask is not None else [])
-    return LibraryCall("plus.attention", args, cfg, cur, absorbed, pre)
+    return LibraryCall(ATTENTION_SPEC, args, cfg, cur, absorbed, pre)
+
+
+# the warehouse implementation names this module binds
+BINDS = {"torch.sdpa": bind_attention, "torch.sdpa_flash": bind_attention}

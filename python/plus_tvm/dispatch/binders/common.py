@@ -17,7 +17,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ...runtime._common import format_config
+from ...runtime._common import ConfigSpec
 from ..opgraph import OpGraph
 
 VIEW_OPS = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten"}
@@ -34,9 +34,10 @@ ACTIVATIONS = {
 @dataclass
 class LibraryCall:
     """The rewrite a binder asks for: ``final`` (a binding index) becomes
-    ``call_dps_packed(kernel, args + [config])``, after the extra ``pre`` bindings."""
+    ``call_dps_packed(kernel, args + [config])``, after the extra ``pre`` bindings. ``spec``
+    is the kernel's config spec (it names the kernel); ``config`` is checked against it."""
 
-    kernel: str
+    spec: ConfigSpec
     args: list[relax.Expr]
     config: dict[str, object]
     final: int
@@ -47,8 +48,16 @@ class LibraryCall:
     #: bindings whose values the kernel also writes, as further outputs after ``final``'s
     extra: list[int] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.spec.format(self.config)  # a key or value the kernel does not take: fail here
+
+    @property
+    def kernel(self) -> str:
+        """The kernel's global function name (``plus.<kernel>``)."""
+        return self.spec.kernel
+
     def config_text(self) -> str:
-        return format_config(self.config)
+        return self.spec.format(self.config)
 
 
 class Ctx:

@@ -9,6 +9,7 @@ import math
 
 from tvm import relax
 
+from ...runtime.conv2d import CONV2D_SPEC
 from .activation import recognise_activation
 from .common import Ctx, LibraryCall, activation_of, classify_add, pre_binding, shape_of
 
@@ -68,7 +69,7 @@ def _bind(ctx: Ctx, i: int) -> LibraryCall | None:
     for key in ("act", "post_act"):
         if getattr(epilogue, key) != "none":
             cfg[key] = getattr(epilogue, key)
-    return LibraryCall("plus.conv2d", args, cfg, epilogue.cur, epilogue.absorbed, pre)
+    return LibraryCall(CONV2D_SPEC, args, cfg, epilogue.cur, epilogue.absorbed, pre)
 
 
 class _Epilogue:
@@ -180,3 +181,7 @@ class _Epilogue:
         self.absorbed += [bn, item]
         self.cur = item
         return True
+
+
+# the warehouse implementation names this module binds
+BINDS = {"torch.conv2d": bind_conv2d}

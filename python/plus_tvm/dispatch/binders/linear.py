@@ -6,6 +6,8 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import relax
 
+from ...runtime.linear import LINEAR_SPEC
+from ...runtime.linear_layernorm import LINEAR_LAYERNORM_SPEC
 from .activation import recognise_activation
 from .common import (
     ACTIVATIONS,
@@ -167,12 +169,12 @@ def _epilogue(
             args.append(gamma)
         if ncall.attrs.center:
             args.append(beta)
-        kernel = "plus.linear_layernorm"
+        kernel = LINEAR_LAYERNORM_SPEC
         if extra:
             cfg["sum_out"] = True
     else:
         cfg["act"] = act
-        kernel = "plus.linear"
+        kernel = LINEAR_SPEC
     del start
     return LibraryCall(kernel, args, cfg, cur, absorbed, pre, extra=extra)
 
@@ -187,3 +189,7 @@ def bind_linear_layernorm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | N
 
 def _same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
+
+
+# the warehouse implementation names this module binds
+BINDS = {"torch.linear": bind_linear, "torch.linear_layernorm": bind_linear_layernorm}

@@ -3,6 +3,7 @@ two axes of an operand becomes ``ta`` / ``tb``, a following multiply by a scalar
 
 from __future__ import annotations
 
+from ...runtime.matmul import MATMUL_SPEC
 from .common import Ctx, LibraryCall, permute_axes, shape_of
 
 
@@ -38,5 +39,9 @@ def bind_matmul(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
                     absorbed.append(nxt)
                     cur = nxt
         cfg = {"ta": ta, "tb": tb, "scale": scale, "bias": False}
-        return LibraryCall("plus.matmul", [a, b], cfg, cur, absorbed)
+        return LibraryCall(MATMUL_SPEC, [a, b], cfg, cur, absorbed)
     return None
+
+
+# the warehouse implementation names this module binds
+BINDS = {"torch.matmul": bind_matmul}

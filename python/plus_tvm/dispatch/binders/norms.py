@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from tvm import relax
 
+from ...runtime.layer_norm import LAYER_NORM_SPEC
+from ...runtime.rms_norm import RMS_NORM_SPEC
+from ...runtime.softmax import SOFTMAX_SPEC
 from .common import Ctx, LibraryCall, pre_binding, shape_of
 
 _SAME_DTYPE_CAST = "relax.astype"
@@ -35,7 +38,7 @@ def bind_layer_norm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
             args.append(call.args[1])
         if call.attrs.center:
             args.append(call.args[2])
-        return LibraryCall("plus.layer_norm", args, cfg, i, [i])
+        return LibraryCall(LAYER_NORM_SPEC, args, cfg, i, [i])
     return None
 
 
@@ -57,7 +60,7 @@ def bind_rms_norm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
             if not _last_axis(call.attrs.axes, len(shape_of(ctx.var(i)))):
                 return None
             cfg = {"gamma": True, "eps": float(call.attrs.epsilon)}
-            return LibraryCall("plus.rms_norm", [call.args[0], call.args[1]], cfg, i, [i])
+            return LibraryCall(RMS_NORM_SPEC, [call.args[0], call.args[1]], cfg, i, [i])
     # decomposed: mean(x*x or x**2, -1, keepdims) + eps -> rsqrt -> x * r (-> * gamma)
     mean = next((i for i in members if ctx.op(i) == "relax.mean"), None)
     if mean is None:
@@ -136,8 +139,8 @@ def bind_rms_norm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
             cfg["gamma"] = True
             args.append(gamma)
             absorbed.append(nxt)
-            return LibraryCall("plus.rms_norm", args, cfg, nxt, absorbed, pre)
-    return LibraryCall("plus.rms_norm", args, cfg, cur, absorbed)
+            return LibraryCall(RMS_NORM_SPEC, args, cfg, nxt, absorbed, pre)
+    return LibraryCall(RMS_NORM_SPEC, args, cfg, cur, absorbed)
 
 
 def bind_softmax(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
@@ -148,5 +151,13 @@ def bind_softmax(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         rank = len(shape_of(ctx.var(i)))
         if int(call.attrs.axis) not in (-1, rank - 1):
             return None
-        return LibraryCall("plus.softmax", [call.args[0]], {"axis": -1, "scale": 1.0}, i, [i])
+        return LibraryCall(SOFTMAX_SPEC, [call.args[0]], {"axis": -1, "scale": 1.0}, i, [i])
     return None
+
+
+# the warehouse implementation names this module binds
+BINDS = {
+    "torch.layer_norm": bind_layer_norm,
+    "torch.rms_norm": bind_rms_norm,
+    "torch.softmax": bind_softmax,
+}
