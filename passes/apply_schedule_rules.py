@@ -4,18 +4,21 @@ TVM's ``dlight.ApplyDefaultSchedule`` writes the scheduled functions back into t
 given; this pass builds a new module instead, so the pipeline never mutates its input (checked by
 ``testing.immutable_module`` in the tests). Rules are tried in order and the first one that
 returns a schedule wins (the dlight / tinygrad rule contract); a rule returning ``None``
-declines, and so does a rule whose schedule TVM refuses (a ``TVMError``, e.g. a dlight rule
-asserting on a kernel shape it was not written for). Any other exception is a bug in the rule:
-it is *reported* (module attribute ``plus.schedule``, shown in the stats as ``schedule``, and a
-warning) and the next rule tries, so a crashing rule never hides as "does not apply". Ctrl-C is
-never swallowed (:mod:`plus_tvm.interrupt`).
+declines (a rule with a ``decline_reason(func, target)`` method says why: the GIR rules do, and
+the stats show the reasons per rule as ``schedule.declined_because``), and so does a rule whose
+schedule TVM refuses (a ``TVMError``, e.g. a dlight rule asserting on a kernel shape it was not
+written for). A rule failing with another of the errors TVM's Python code raises
+(``TVM_FAILURE``) is *reported* (module attribute ``plus.schedule``, shown in the stats as
+``schedule``, and a warning) and the next rule tries, so a crashing rule never hides as "does
+not apply"; any other exception is a bug and propagates. Ctrl-C is never swallowed
+(:mod:`plus_tvm.interrupt`).
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from collections import Counter
+from collections import Counter, defaultdict
 
 import tvm
 from plus_tvm import interrupt
@@ -85,6 +88,9 @@ class ApplyScheduleRules:
                 report.fail(name, rule_name, err)
                 continue
             if space is None:
+                reason = getattr(rule, "decline_reason", None)
+                if reason is not None:
+                    report.declined_because[rule_name][reason(func, target)] += 1
                 continue
             sch = space[0] if isinstance(space, (list, tuple)) else space
             report.scheduled[rule_name] += 1
@@ -99,6 +105,8 @@ class _Report:
     def __init__(self) -> None:
         self.scheduled: Counter = Counter()
         self.declined: Counter = Counter()
+        # rule -> reason -> kernels: the reasons rules that say why give for returning None
+        self.declined_because: defaultdict = defaultdict(Counter)
         self.failed: list[dict[str, str]] = []
         self.unscheduled = 0
 
@@ -117,6 +125,7 @@ class _Report:
             {
                 "scheduled": dict(self.scheduled),
                 "declined": dict(self.declined),
+                "declined_because": {r: dict(c) for r, c in self.declined_because.items()},
                 "failed": self.failed,
                 "unscheduled": self.unscheduled,
             },

@@ -45,6 +45,12 @@ class GIRCUDA(ScheduleRule):
         self.budget = budget
         self.machine = machine
 
+    def decline_reason(self, func: tirx.PrimFunc, target: tvm.target.Target) -> str:
+        """Why :meth:`apply` returned None for ``func`` (``ApplyScheduleRules`` reports it)."""
+        why: list[str] = []
+        plan_for_rule(func, target, "cuda", self.budget, self.machine, why)
+        return why[0] if why else "a TVM schedule primitive refused every lowering of the plan"
+
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
         p = plan_for_rule(func, target, "cuda", self.budget, self.machine)
         if p is None:

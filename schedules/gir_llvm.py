@@ -52,6 +52,12 @@ class GIRLLVM(ScheduleRule):
         self.fast_math = fast_math
         self.machine = machine
 
+    def decline_reason(self, func: tirx.PrimFunc, target: tvm.target.Target) -> str:
+        """Why :meth:`apply` returned None for ``func`` (``ApplyScheduleRules`` reports it)."""
+        why: list[str] = []
+        plan_for_rule(func, target, "llvm", self.budget, self.machine, why)
+        return why[0] if why else "a TVM schedule primitive refused every lowering of the plan"
+
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
         p = plan_for_rule(func, target, "llvm", self.budget, self.machine)
         if p is None:

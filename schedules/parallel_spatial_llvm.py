@@ -40,6 +40,16 @@ class ParallelSpatialLLVM(ScheduleRule):
         self.lanes = lanes
         self.min_parallel = min_parallel
 
+    def decline_reason(self, func: tirx.PrimFunc, target: tvm.target.Target) -> str:
+        """Why :meth:`apply` returned None (``ApplyScheduleRules`` reports it)."""
+        del func
+        if target.kind.name != "llvm":
+            return f"a {target.kind.name} target"
+        return (
+            f"no data-parallel block with a static loop nest of {self.min_elements} elements "
+            "or more (reductions keep their order)"
+        )
+
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
         if target.kind.name != "llvm":
             return None

@@ -357,3 +357,24 @@ def test_zoo_cnn_with_gir(name, expected, llvm):
     names = _zoo_scheduled_and_exact(name, Options(gir=True), llvm)
     for part in expected:
         assert any(part in n for n in names), f"no scheduled kernel named *{part}*: {names}"
+
+
+def test_rules_say_why_they_declined_in_the_stats():
+    """Every kernel a rule returns None for is counted under the rule's reason (issue 14:
+    a rule declines with a reason the stats show, never silently)."""
+    import plus_tvm
+    from torch import nn
+
+    class Model(nn.Module):
+        def forward(self, x, idx):
+            return x[idx].sum(-1) + x.mean()
+
+    import torch
+
+    stats = plus_tvm.inspect(Model(), example_args=(torch.randn(8, 4), torch.tensor([1, 3])))
+    because = stats["schedule"]["declined_because"]
+    reasons = {reason for counts in because.values() for reason in counts}
+    assert "a gather, an offset slice or a reshaping read" in because.get("GIRLLVM", {})
+    assert all(isinstance(n, int) and n > 0 for c in because.values() for n in c.values())
+    declined = sum(because.get("ParallelSpatialLLVM", {}).values())
+    assert declined == stats["schedule"]["unscheduled"] and reasons

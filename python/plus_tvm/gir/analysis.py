@@ -237,16 +237,22 @@ def _layout_copies(sch: s_tir.Schedule, blocks: list, func: tirx.PrimFunc) -> di
     return out
 
 
-def analyze(func: tirx.PrimFunc) -> Kernel | None:
-    """The kernel's basic operators and row structure, or ``None`` (not a GIR kernel)."""
+def analyze(func: tirx.PrimFunc, why: list[str] | None = None) -> Kernel | None:
+    """The kernel's basic operators and row structure, or ``None`` (not a GIR kernel; the
+    reason is appended to ``why`` when given)."""
+
+    def no(reason: str) -> None:
+        if why is not None:
+            why.append(reason)
+
     try:
         sch = s_tir.Schedule(func)
         root = sch.get_sblock("root")
         blocks = sch.get_child_blocks(root)
     except TVM_REFUSAL:  # opaque or unusual functions are simply not GIR kernels
-        return None
+        return no("not a schedulable function")
     if not blocks:
-        return None
+        return no("no blocks")
     names = _Names()
     params = {names(p): p for p in func.params if hasattr(p.ty, "shape")}
     ops: list[MemoryOperator] = []
@@ -259,13 +265,13 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
         loops = sch.get_loops(brv)
         info = BlockInfo(block)
         if len(info.stores) != 1 or block.alloc_buffers or block.match_buffers:
-            return None
+            return no("a block with several stores or its own buffers")
         if len(loops) != len(block.iter_vars):
-            return None  # not one loop per iterator: already scheduled or unusual
+            return no("not one loop per block iterator (already scheduled)")
         store = info.stores[0]
         dom = "".join("S" if int(iv.iter_type) == SPATIAL else "R" for iv in block.iter_vars)
         if any(int(iv.iter_type) not in (0, 2) for iv in block.iter_vars):
-            return None
+            return no("an ordered or opaque block iterator")
         spatial_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) == SPATIAL]
         unit = [iv.var for iv in block.iter_vars if is_unit(iv)]
         red_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) != SPATIAL]
@@ -298,9 +304,10 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
                 # (matmul, convolution) -- compute-intensive, for libraries and dlight
                 contraction = True
         if contraction:
-            return None
+            return no("a contraction (matmul, convolution): compute-bound")
         if any(a.kind == "other" for a in accesses) or gathers(store.value):
-            return None  # gathers, slices with offsets, reshapes: not a GIR basic operator
+            # gathers, slices with offsets, reshapes: not a GIR basic operator
+            return no("a gather, an offset slice or a reshaping read")
         if red_vars:
             kind = "reduce"
         elif any(a.kind == "permute" for a in accesses):
@@ -328,7 +335,7 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
         )
     written = [o.output for o in ops]
     if len(set(written)) != len(written):
-        return None
+        return no("a buffer written by two blocks")
     intermediates = [o.output for o in ops if not o.output_is_param]
     consumers: dict[str, list[str]] = {}
     for o in ops:
@@ -336,7 +343,7 @@ def analyze(func: tirx.PrimFunc) -> Kernel | None:
             consumers.setdefault(b, []).append(o.block)
     kernel = _structure(ops, symbolic)
     if kernel is None:
-        return None
+        return no("no row, column or element-wise structure")
     kernel.params = list(params)
     kernel.intermediates = intermediates
     kernel.consumers = consumers

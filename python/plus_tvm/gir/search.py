@@ -161,14 +161,18 @@ def plan(
     target: tvm.target.Target,
     budget: int = 0,
     machine: Machine | None = None,
+    why: list[str] | None = None,
 ) -> Plan | None:
     """Analyze ``func`` and plan it for ``target`` (on ``machine``'s figures, default
-    :func:`machine_for` the target); ``None`` when it is not a GIR kernel."""
+    :func:`machine_for` the target); ``None`` when it is not a GIR kernel (the reason appended
+    to ``why`` when given)."""
     func = normalize(func)
-    kernel = analyze(func)
+    kernel = analyze(func, why)
     if kernel is None:
         return None
     best = plan_kernel(kernel, machine or machine_for(target), budget)
+    if best is None and why is not None:
+        why.append("no candidate plan")
     if best is not None:
         best.func = func
     return best
@@ -180,12 +184,21 @@ def plan_for_rule(
     kind: str,
     budget: int = 0,
     machine: Machine | None = None,
+    why: list[str] | None = None,
 ):
     """What a GIR schedule rule for targets of ``kind`` (``"llvm"``, ``"cuda"``) does first:
     the plan of ``func``, or ``None`` when it is not a PrimFunc, the target is another kind,
-    the function is already scheduled, or it is not a GIR kernel."""
-    if not isinstance(func, tirx.PrimFunc) or target.kind.name != kind:
+    the function is already scheduled, or it is not a GIR kernel (the reason appended to
+    ``why`` when given)."""
+    reason = None
+    if not isinstance(func, tirx.PrimFunc):
+        reason = "not a PrimFunc"
+    elif target.kind.name != kind:
+        reason = f"a {target.kind.name} target"
+    elif func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+        reason = "already scheduled"
+    if reason is not None:
+        if why is not None:
+            why.append(reason)
         return None
-    if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
-        return None
-    return plan(func, target, budget, machine)
+    return plan(func, target, budget, machine, why)
