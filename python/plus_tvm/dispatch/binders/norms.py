@@ -7,6 +7,7 @@ from __future__ import annotations
 from tvm import relax
 
 from ...runtime.layer_norm import LAYER_NORM_SPEC
+from ...runtime.log_softmax import LOG_SOFTMAX_SPEC
 from ...runtime.rms_norm import RMS_NORM_SPEC
 from ...runtime.softmax import SOFTMAX_SPEC
 from .common import Ctx, LibraryCall, pre_binding, shape_of
@@ -155,9 +156,21 @@ def bind_softmax(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     return None
 
 
+def bind_log_softmax(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
+    for i in members:
+        if ctx.op(i) != "relax.nn.log_softmax":
+            continue
+        call = ctx.call(i)
+        if int(call.attrs.axis) not in (-1, len(shape_of(ctx.var(i))) - 1):
+            return None
+        return LibraryCall(LOG_SOFTMAX_SPEC, [call.args[0]], {"axis": -1}, i, [i])
+    return None
+
+
 # the warehouse implementation names this module binds
 BINDS = {
     "torch.layer_norm": bind_layer_norm,
+    "torch.log_softmax": bind_log_softmax,
     "torch.rms_norm": bind_rms_norm,
     "torch.softmax": bind_softmax,
 }
