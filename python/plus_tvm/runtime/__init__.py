@@ -10,18 +10,9 @@ a ``VirtualMachine`` is built, so ``import plus_tvm`` does it). Every kernel fol
     plus.<kernel>(*tensor_inputs, config: str, out)
 
 with ``config`` as ``key=value`` pairs joined by ``;`` and optional tensor inputs present only
-when their flag is set, in the order documented per kernel:
-
-============================  ===========================================================
-``plus.linear``               x, w, [bias], [residual]
-``plus.linear_layernorm``     x, w, [bias], [residual], [gamma], [beta]
-``plus.matmul``               a, b, [bias]
-``plus.attention``            q, k, v, [mask]
-``plus.layer_norm``           x, [gamma], [beta]
-``plus.rms_norm``             x, [gamma]
-``plus.softmax``              x
-``plus.conv2d``               x, w, [bias], [residual]
-============================  ===========================================================
+when their flag is set, in the order each kernel's module documents. One kernel per module: a
+:class:`LibraryKernel` subclass declaring its name, config spec and cost, found by
+:func:`_discover` (a new kernel file needs no table entry).
 
 Weights are prepacked on first use and cached by identity (see :class:`PrepackCache`); a
 weight mutated in place after its first call is not re-packed: call :func:`clear_caches`.
