@@ -25,6 +25,7 @@ from ..dispatch.binders import BINDERS, Ctx, LibraryCall
 from ..dispatch.identify import Identifier
 from ..dispatch.opgraph import OpGraph
 from ..runtime.native import runs_natively
+from ..runtime.perf import library_gflops
 from ..symbolic_bounds import typical_sizes
 
 
@@ -260,4 +261,6 @@ def _library_pays(call: LibraryCall, match, cost: DispatchCost, kind: str) -> bo
                 n *= size
             nbytes += n * tvm.runtime.DataType(str(ty.dtype)).bits / 8
     native = kind == "llvm" and runs_natively(call.kernel, call.config)
-    return predict_library_us(cost, flops, nbytes, native) < predict_tir_us(cost, flops, nbytes)
+    gflops = library_gflops(call.kernel, kind, measure=False)
+    library_us = predict_library_us(cost, flops, nbytes, native, gflops)
+    return library_us < predict_tir_us(cost, flops, nbytes)

@@ -2,8 +2,9 @@
 
 The work of a subgraph is read off its +Graph: every ``dot`` loop contributes two flops per
 point of its loop nest; the bytes are those of the library call's tensors. A library call
-costs the measured VM -> Python -> library crossing (``runtime.call_overhead_us``) plus its
-work at the library's throughput; the TIR alternative costs the same work at the throughput of
+costs its VM -> library crossing plus its work at the throughput its kernel declares
+(``LibraryKernel.cpu_gflops`` / ``cuda_gflops``); the TIR alternative costs the same work at the
+throughput of
 the kernels the rest of the pipeline generates (``tir_gflops`` / ``tir_gbps``: untuned CPU TIR
 reaches well under 1 GFLOP/s on a GEMM). The dispatcher keeps TIR when it is predicted faster:
 tiny GEMMs, where the crossing dominates.
@@ -84,7 +85,9 @@ class DispatchCost:
     # one-linear model measured 3.5-3.7 us slower per call native than as one TIR kernel
     # (4x4 and 16x16 linears at 2 rows)
     native_overhead_us: float = 4.0
-    library_gflops: float = 400.0  # prepacked oneDNN GEMM at BERT shapes: 410-460
+    # the library's throughput; None: each kernel's own figure (``LibraryKernel.cpu_gflops`` /
+    # ``cuda_gflops``, declared with the kernel)
+    library_gflops: float | None = None
     library_gbps: float = 10.0
     tir_gflops: float = 0.3  # untuned TIR GEMM (BERT's FFN: 67 s for 14.5 GFLOP)
     tir_gbps: float = 1.0  # unscheduled TIR row kernels; GIR schedules reach ~10
@@ -100,11 +103,17 @@ class DispatchCost:
 
 
 def predict_library_us(
-    cost: DispatchCost, flops: float, nbytes: float, native: bool = False
+    cost: DispatchCost,
+    flops: float,
+    nbytes: float,
+    native: bool = False,
+    kernel_gflops: float = 400.0,
 ) -> float:
-    """``native``: the call runs in a native kernel (no Python crossing)."""
+    """``native``: the call runs in a native kernel (no Python crossing); ``kernel_gflops``:
+    the kernel's declared throughput, used unless ``cost.library_gflops`` overrides it."""
     overhead = cost.native_overhead_us if native else cost.overhead_us
-    return overhead + max(flops / (cost.library_gflops * 1e3), nbytes / (cost.library_gbps * 1e3))
+    gflops = cost.library_gflops if cost.library_gflops is not None else kernel_gflops
+    return overhead + max(flops / (gflops * 1e3), nbytes / (cost.library_gbps * 1e3))
 
 
 def predict_tir_us(cost: DispatchCost, flops: float, nbytes: float) -> float:
