@@ -305,7 +305,13 @@ def test_apply_schedule_rules_first_match_wins_and_declines():
         for gvar, func in mod.functions_items():
             tvm.ir.assert_structural_equal(declined[gvar.name_hint], func)
         report = json.loads(str(declined.attrs["plus.schedule"]))
-        assert report == {"declined": {}, "failed": [], "scheduled": {}, "unscheduled": 1}
+        assert report == {
+            "declined": {},
+            "declined_because": {},  # dlight's rules give no reason
+            "failed": [],
+            "scheduled": {},
+            "unscheduled": 1,
+        }
         scheduled = ApplyScheduleRules(dl.gpu.Reduction(), dl.gpu.Fallback())(mod)
         # Already scheduled functions are left alone on a second run.
         again = ApplyScheduleRules(dl.gpu.Fallback())(scheduled)

@@ -80,7 +80,8 @@ def test_registered_on_import():
     for name in rt.KERNELS:
         assert tvm.get_global_func(name, allow_missing=True) is not None
     rt.register()  # idempotent
-    assert set(rt.KERNELS) == {
+    # the kernels the warehouse's shipped entries use (a new kernel file adds itself)
+    assert set(rt.KERNELS) >= {
         "plus.linear",
         "plus.linear_layernorm",
         "plus.matmul",
