@@ -195,7 +195,7 @@ def _naming_the_pass(tracker: _PassTracker, codegen: bool = False):
         yield
     except (PlusError, KeyboardInterrupt, MemoryError):
         raise
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - re-raised, naming the phase and the pass
         interrupt.check()
         lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
         reason = f"{type(err).__name__}: {lines[-1] if lines else ''}"
