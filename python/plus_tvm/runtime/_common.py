@@ -424,6 +424,15 @@ def onednn_usable(*tensors: torch.Tensor) -> bool:
     )
 
 
+def check_last_axis(kernel: str, axis: int, ndim: int) -> None:
+    """Reject a row kernel's ``axis`` other than the last one, naming the kernel."""
+    if axis not in (-1, ndim - 1):
+        raise ValueError(
+            f"{kernel}: only the last axis is supported (axis=-1), got axis={axis} "
+            f"for a {ndim}-D input"
+        )
+
+
 def write_out(out: torch.Tensor, result: torch.Tensor) -> None:
     """Copy ``result`` into the preallocated DPS output (no-op when it already is ``out``)."""
     if result is out:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._common import ConfigSpec, LibraryKernel, integer
+from ._common import ConfigSpec, LibraryKernel, check_last_axis, integer
 
 LOG_SOFTMAX_SPEC = ConfigSpec("plus.log_softmax", axis=integer(-1))
 
@@ -27,12 +27,7 @@ class LogSoftmax(LibraryKernel):
         return 1
 
     def check(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
-        ndim = inputs[0].dim()
-        if cfg.axis not in (-1, ndim - 1):
-            raise ValueError(
-                f"{self.name}: only the last axis is supported (axis=-1), got axis={cfg.axis} "
-                f"for a {ndim}-D input"
-            )
+        check_last_axis(self.name, cfg.axis, inputs[0].dim())
 
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         torch.ops.aten._log_softmax.out(inputs[0].contiguous(), -1, False, out=out)

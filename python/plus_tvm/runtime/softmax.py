@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._common import ConfigSpec, LibraryKernel, integer, real
+from ._common import ConfigSpec, LibraryKernel, check_last_axis, integer, real
 
 SOFTMAX_SPEC = ConfigSpec("plus.softmax", axis=integer(-1), scale=real(1.0))
 
@@ -27,12 +27,7 @@ class Softmax(LibraryKernel):
         return 1
 
     def check(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
-        ndim = inputs[0].dim()
-        if cfg.axis not in (-1, ndim - 1):
-            raise ValueError(
-                f"{self.name}: only the last axis is supported (axis=-1), got axis={cfg.axis} "
-                f"for a {ndim}-D input"
-            )
+        check_last_axis(self.name, cfg.axis, inputs[0].dim())
 
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         x = inputs[0]
