@@ -384,3 +384,21 @@ def test_runs_on_gpu(cuda_graph):
         got = compiled(args["x"], args["w"], args["b"])
         for g, e in zip(got, _reference(**args)):
             np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+
+
+class _Crashing:
+    """A schedule rule with a bug that is not one of TVM's error kinds."""
+
+    def apply(self, func, target, tunable):  # noqa: ANN001, ANN201
+        del func, target, tunable
+        return 1 // 0
+
+
+def test_a_crashing_rule_is_reported_and_the_next_rule_schedules():
+    mod = _legalized(AddReluMul)
+    with CUDA, pytest.warns(RuntimeWarning, match="_Crashing failed on kernel"):
+        out = ApplyScheduleRules(_Crashing(), dl.gpu.Fallback())(mod)
+    report = json.loads(str(out.attrs["plus.schedule"]))
+    assert [f["rule"] for f in report["failed"]] == ["_Crashing"]
+    assert "ZeroDivisionError" in report["failed"][0]["error"]
+    assert report["scheduled"] == {"Fallback": 1} and report["unscheduled"] == 0
