@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import tvm
 
-from ..errors import TVM_REFUSAL
+from ..errors import TVM_FAILURE
 from ..paths import cache_dir
 from .analysis import Kernel
 from .ir import Graph, Hierarchy, Kind, Scope
@@ -72,7 +72,7 @@ _CPU_DEFAULT = dict(global_gbps=20.0, cache_gbps=100.0, unit_share=0.6)
 def _cpu_lanes(target: tvm.target.Target) -> int:
     try:
         bits = tvm.target.codegen.llvm_get_vector_width(target)
-    except TVM_REFUSAL:  # an mcpu (or triple) this LLVM does not know has no vector width
+    except TVM_FAILURE:  # an mcpu (or triple) this LLVM does not know has no vector width
         bits = 128
     return max(int(bits) // 32, 4) if bits and bits > 0 else 4
 
