@@ -188,3 +188,27 @@ def test_staged_bytes_count_a_bool_as_one_byte():
 
     assert tensor_bytes(relax.TensorType((3, 4), "bool")) == 12
     assert tensor_bytes(relax.TensorType((3, 4), "float16")) == 24
+
+
+def test_stats_text_shows_schedules_declines_failures_and_inputs():
+    from plus_tvm.report import stats_text
+
+    stats = {
+        "model": "m",
+        "schedule": {
+            "scheduled": {"GIRLLVM": 2},
+            "declined_because": {"GIRLLVM": {"a contraction": 3, "no blocks": 1}},
+            "failed": [{"kernel": "k", "rule": "R", "error": "ZeroDivisionError: x"}],
+        },
+        "options": {
+            "threads": 2,
+            "gir_global_gbps": 21.5,
+            "gir_cache_gbps": 99.0,
+            "warehouse_env": ["/w"],
+        },
+    }
+    text = stats_text(stats)
+    assert "scheduled      GIRLLVM=2" in text
+    assert "declined       GIRLLVM: 3 a contraction; 1 no blocks" in text
+    assert "rule failed    R on k: ZeroDivisionError: x" in text
+    assert "inputs         threads=2, GIR bandwidth 21.5 / 99.0 GB/s, PLUS_TVM_WAREHOUSE=/w" in text

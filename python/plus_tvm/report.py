@@ -37,7 +37,37 @@ def stats_text(stats: dict) -> str:
         )
     elif graph:
         lines.append(f"{'cuda_graph':<{width}}  {graph['error']}")
+    schedule = stats.get("schedule") or {}
+    if schedule.get("scheduled"):
+        done = ", ".join(f"{r}={n}" for r, n in sorted(schedule["scheduled"].items()))
+        lines.append(f"{'scheduled':<{width}}  {done}")
+    for rule, reasons in sorted((schedule.get("declined_because") or {}).items()):
+        why = "; ".join(f"{n} {reason}" for reason, n in Counter(reasons).most_common())
+        lines.append(f"{'declined':<{width}}  {rule}: {why}")
+    for failure in schedule.get("failed") or ():
+        lines.append(
+            f"{'rule failed':<{width}}  {failure['rule']} on {failure['kernel']}: "
+            f"{failure['error']}"
+        )
+    inputs = _inputs_text(stats.get("options") or {})
+    if inputs:
+        lines.append(f"{'inputs':<{width}}  {inputs}")
     return "\n".join(lines)
+
+
+def _inputs_text(options: dict) -> str:
+    """The compile inputs read from the machine and the environment (``resolve_inputs``)."""
+    parts = []
+    if options.get("threads"):
+        parts.append(f"threads={options['threads']}")
+    if options.get("gir_global_gbps"):
+        parts.append(
+            f"GIR bandwidth {options['gir_global_gbps']:.1f} / "
+            f"{options.get('gir_cache_gbps', 0.0):.1f} GB/s"
+        )
+    if options.get("warehouse_env"):
+        parts.append("PLUS_TVM_WAREHOUSE=" + ",".join(options["warehouse_env"]))
+    return ", ".join(parts)
 
 
 def stats_html(stats: dict, max_groups: int = 50) -> str:
