@@ -17,7 +17,8 @@ Phase contents today (later work replaces phases one by one, and says so here):
                ``FoldPadIntoConv``, ``ConvertToChannelsLast`` (CPU:
                convolutions and what lies between them in NHWC); ``PlusDispatch``
                (PluS +Graph matching, warehouse library calls) when
-               ``dispatch`` is on; TVM's library dispatch for the target (sort/scan)
+               ``dispatch`` is on; ``EliminateCommonSubexpr`` (one binding per distinct
+               value); TVM's library dispatch for the target (sort/scan)
 2. legalize  - ``LegalizeOps``, ``AnnotateTIROpPattern``, ``AnnotateMapPattern`` (mapping
                classes of paper 004 on every PrimFunc), ``FoldConstant``
 3. fuse      - ``DPFuseOps`` (mapping-type rules + plan search of paper 004) + ``FuseTIR``;
@@ -128,6 +129,9 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
 
             passes.append(MergeSiblingLinears())
         passes.append(SimplifyViews())
+    # one binding per distinct value: the Q, K and V linears each flatten the same normalized
+    # activation, and three identical reshapes became three outputs of the norm's kernel
+    passes.append(relax.transform.EliminateCommonSubexpr())
     return passes + list(relax.pipeline.library_dispatch_passes(target))
 
 
