@@ -4,15 +4,14 @@ TVM's ``dlight.ApplyDefaultSchedule`` writes the scheduled functions back into t
 given; this pass builds a new module instead, so the pipeline never mutates its input (checked by
 ``testing.immutable_module`` in the tests). Rules are tried in order and the first one that
 returns a schedule wins (the dlight / tinygrad rule contract); a rule returning ``None``
-declines (a rule with an ``apply_with_reason(func, target)`` method returning ``(schedule, None)``
-or ``(None, reason)`` says why: the GIR rules do, and the stats show the reasons per rule as
-``schedule.declined_because``), and so does a rule whose schedule TVM refuses (a
-``TVMError``, e.g. a dlight rule asserting on a kernel shape it was not written for). A rule
-failing with any other error (a bug in the rule) is *reported* (module attribute
-``plus.schedule``, shown in the stats as ``schedule``, and a warning) and the next rule tries:
-a crashing rule never hides as "does not apply", and never fails a compile that TVM's own
-pipeline would finish (the rules are pluggable: dlight's, GIR's, a user's). Ctrl-C is never
-swallowed (:mod:`plus_tvm.interrupt`).
+declines (a rule with a ``decline_reason(func, target)`` method says why: the GIR rules do, and
+the stats show the reasons per rule as ``schedule.declined_because``), and so does a rule whose
+schedule TVM refuses (a ``TVMError``, e.g. a dlight rule asserting on a kernel shape it was not
+written for). A rule failing with any other error (a bug in the rule) is *reported* (module
+attribute ``plus.schedule``, shown in the stats as ``schedule``, and a warning) and the next
+rule tries: a crashing rule never hides as "does not apply", and never fails a compile that
+TVM's own pipeline would finish (the rules are pluggable: dlight's, GIR's, a user's). Ctrl-C
+is never swallowed (:mod:`plus_tvm.interrupt`).
 """
 
 from __future__ import annotations
@@ -71,11 +70,7 @@ class ApplyScheduleRules:
             rule_name = type(rule).__name__
             interrupt.check()
             try:
-                # a rule that says why it declines (the GIR rules) is asked once for both
-                explain = getattr(rule, "apply_with_reason", None)
-                space, reason = (
-                    explain(func, target) if explain else (rule.apply(func, target, False), None)
-                )
+                space = rule.apply(func, target, False)
             except TVM_REFUSAL:
                 # TVM refused a schedule primitive of the rule: it declines, the next one tries
                 interrupt.check()
@@ -94,8 +89,9 @@ class ApplyScheduleRules:
                 report.fail(name, rule_name, err)
                 continue
             if space is None:
+                reason = getattr(rule, "decline_reason", None)
                 if reason is not None:
-                    report.declined_because[rule_name][reason] += 1
+                    report.declined_because[rule_name][reason(func, target)] += 1
                 continue
             sch = space[0] if isinstance(space, (list, tuple)) else space
             report.scheduled[rule_name] += 1

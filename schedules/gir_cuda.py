@@ -45,20 +45,21 @@ class GIRCUDA(ScheduleRule):
         self.budget = budget
         self.machine = machine
 
-    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        return self.apply_with_reason(func, target)[0]
-
-    def apply_with_reason(self, func: tirx.PrimFunc, target: tvm.target.Target):  # noqa: ANN201
-        """``(schedule, None)``, or ``(None, why not)`` (``ApplyScheduleRules`` reports it)."""
+    def decline_reason(self, func: tirx.PrimFunc, target: tvm.target.Target) -> str:
+        """Why :meth:`apply` returned None for ``func`` (``ApplyScheduleRules`` reports it)."""
         why: list[str] = []
-        p = plan_for_rule(func, target, "cuda", self.budget, self.machine, why)
+        plan_for_rule(func, target, "cuda", self.budget, self.machine, why)
+        return why[0] if why else "a TVM schedule primitive refused every lowering of the plan"
+
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
+        p = plan_for_rule(func, target, "cuda", self.budget, self.machine)
         if p is None:
-            return None, why[0]
+            return None
         try:
-            return lower(p.func or func, p), None
+            return lower(p.func or func, p)
         except TVM_REFUSAL:  # a primitive refused: dlight's rules take it
             interrupt.check()
-            return None, "a TVM schedule primitive refused the plan's lowering"
+            return None
 
 
 def _spatial(sch: s_tir.Schedule, block) -> bool:

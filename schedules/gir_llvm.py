@@ -52,25 +52,26 @@ class GIRLLVM(ScheduleRule):
         self.fast_math = fast_math
         self.machine = machine
 
-    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        return self.apply_with_reason(func, target)[0]
-
-    def apply_with_reason(self, func: tirx.PrimFunc, target: tvm.target.Target):  # noqa: ANN201
-        """``(schedule, None)``, or ``(None, why not)`` (``ApplyScheduleRules`` reports it)."""
+    def decline_reason(self, func: tirx.PrimFunc, target: tvm.target.Target) -> str:
+        """Why :meth:`apply` returned None for ``func`` (``ApplyScheduleRules`` reports it)."""
         why: list[str] = []
-        p = plan_for_rule(func, target, "llvm", self.budget, self.machine, why)
+        plan_for_rule(func, target, "llvm", self.budget, self.machine, why)
+        return why[0] if why else "a TVM schedule primitive refused every lowering of the plan"
+
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
+        p = plan_for_rule(func, target, "llvm", self.budget, self.machine)
         if p is None:
-            return None, why[0]
+            return None
         # TVM's vectorizer emits int8 vectors into bool buffers (a dtype mismatch): kernels
         # touching booleans keep the plan's parallel structure but no vectors
         levels = (0,) if _touches_bool(func) else (2, 1, 0)
         for level in levels:
             try:
-                return lower(p.func or func, p, level, self.fast_math), None
+                return lower(p.func or func, p, level, self.fast_math)
             except TVM_REFUSAL:  # a primitive refused: try a plainer lowering
                 interrupt.check()
                 continue
-        return None, "a TVM schedule primitive refused every lowering of the plan"
+        return None
 
 
 def _touches_bool(func: tirx.PrimFunc) -> bool:

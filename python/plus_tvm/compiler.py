@@ -92,10 +92,11 @@ def pre_lowering(
     dumper: _PhaseDumper | None = None,
 ) -> tuple[tvm.IRModule, dict[str, object]]:
     """Run phases 1-4 (or TVM's equivalent) on a loaded model and collect the statistics: the
-    module :func:`compile` hands to code generation, and :func:`inspect`'s stats. ``options``
-    come resolved by the caller (:func:`plus_tvm.pipeline.resolve_inputs`)."""
+    module :func:`compile` hands to code generation, and :func:`inspect`'s stats (with the
+    options resolved by :func:`plus_tvm.pipeline.resolve_inputs`)."""
     if pipeline not in PIPELINES:
         raise PlusError(f"unknown pipeline {pipeline!r}; choose one of {list(PIPELINES)}")
+    options = resolve_inputs(target, options)
     start = time.perf_counter()
     recorder = FusionRecorder()
     tracker = _PassTracker()
@@ -236,8 +237,7 @@ def inspect(
             _writable_folder(options.dump_ir, "dump_ir")
         loaded = load_model(mod_or_model, example_args)
         dumper = _PhaseDumper(options.dump_ir) if options.dump_ir else None
-        tgt = resolve_target(target)
-        _, stats = pre_lowering(loaded, tgt, resolve_inputs(tgt, options), pipeline, dumper)
+        _, stats = pre_lowering(loaded, resolve_target(target), options, pipeline, dumper)
         return stats
 
 

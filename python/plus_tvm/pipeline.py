@@ -214,8 +214,16 @@ def _gir_machine(target: tvm.target.Target, options: Options):  # noqa: ANN202
     :func:`resolve_inputs` would resolve them now)."""
     from .gir.model import machine_for
 
-    given = {"global_gbps": options.gir_global_gbps, "cache_gbps": options.gir_cache_gbps}
-    figures = {k: v for k, v in given.items() if v} or None
+    figures = None
+    if options.gir_global_gbps or options.gir_cache_gbps:
+        figures = {
+            k: v
+            for k, v in (
+                ("global_gbps", options.gir_global_gbps),
+                ("cache_gbps", options.gir_cache_gbps),
+            )
+            if v
+        }
     return machine_for(target, figures, options.threads)
 
 
@@ -234,13 +242,13 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
     if target.kind.name == "llvm":
         from .gir.model import cpu_figures, runtime_threads
 
-        if not (options.gir_global_gbps and options.gir_cache_gbps):
-            figures = cpu_figures(target)
-            changes["gir_global_gbps"] = options.gir_global_gbps or figures["global_gbps"]
-            changes["gir_cache_gbps"] = options.gir_cache_gbps or figures["cache_gbps"]
-        threads = options.threads or runtime_threads()
-        if threads != options.threads:
-            changes["threads"] = threads
+        figures = cpu_figures(target)
+        if not options.gir_global_gbps:
+            changes["gir_global_gbps"] = figures["global_gbps"]
+        if not options.gir_cache_gbps:
+            changes["gir_cache_gbps"] = figures["cache_gbps"]
+        if not options.threads and runtime_threads():
+            changes["threads"] = runtime_threads()
     return options.replace(**changes) if changes else options
 
 

@@ -8,8 +8,6 @@ extent of 1), one reading of a reduction's operator, one index map per access.
 
 from __future__ import annotations
 
-import functools
-
 import tvm
 from tvm import tirx
 from tvm.s_tir import SBlock
@@ -68,23 +66,18 @@ class BlockInfo:
         self.loops = tuple(iv for iv in block.iter_vars if not is_unit(iv))
         self.units = frozenset(iv.var for iv in block.iter_vars if is_unit(iv))
         self.stores = tuple(stores(block.body))
+        reads, accumulates = [], False
+        for store in self.stores:
+            for load in loads(store.value):
+                if load.source.same_as(store.buffer):
+                    accumulates = True
+                else:
+                    reads.append((store, load))
+        self.reads = tuple(reads)
+        self.accumulates = accumulates
         self._positions = {iv.var.id_: k for k, iv in enumerate(self.loops)}
         self._analyzer: tvm.sym.Analyzer | None = None
         self._domain: dict = {}
-
-    @functools.cached_property
-    def _loads(self) -> tuple[tuple[tirx.BufferStore, object], ...]:
-        # every (store, load of its value) pair, read on first use (a reduction block's
-        # class needs none of them)
-        return tuple((store, load) for store in self.stores for load in loads(store.value))
-
-    @functools.cached_property
-    def reads(self) -> tuple[tuple[tirx.BufferStore, object], ...]:
-        return tuple((s, ld) for s, ld in self._loads if not ld.source.same_as(s.buffer))
-
-    @functools.cached_property
-    def accumulates(self) -> bool:
-        return any(ld.source.same_as(s.buffer) for s, ld in self._loads)
 
     @property
     def reduces(self) -> tuple[bool, ...]:
