@@ -19,6 +19,7 @@ from tvm import relax
 
 from ..runtime.cuda_graph import RUN_OR_CAPTURE as PLUS_RUN_OR_CAPTURE
 from ..runtime.cuda_graph import TVM_RUN_OR_CAPTURE
+from ..tir_blocks import written_params
 
 _BUILTINS = (TVM_RUN_OR_CAPTURE, PLUS_RUN_OR_CAPTURE)
 
@@ -67,3 +68,77 @@ def rewrite_capture_calls(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
         return rewrite(value, capture) if capture is not None else None
 
     return map_bindings(mod, one)
+
+
+_ALLOC_TENSOR = "relax.memory.alloc_tensor"
+_VIEWS = frozenset(("relax.memory.view", "relax.reshape"))
+
+
+def rerun_safe(mod: tvm.IRModule, caller: relax.Function, capture: CaptureCall) -> bool:
+    """Whether the region of ``capture`` gives the same result when it runs twice in one call
+    (the runtime's fallback after a failed capture runs it again after TVM's run).
+
+    It does unless a tensor the region *reads* was placed by ``caller`` (after memory planning)
+    in a storage the region also places its own tensors in: the planner may have given those
+    bytes to an activation the region writes after its last read, and the second run would read
+    the activation. Parameters (weights, model inputs) and storages of their own are safe; a
+    tensor counts as read when a call of the region passes it as an input before any call
+    writes it (destination-passing: the outputs of a TIR kernel are the buffers it writes, a
+    library call's is its last argument)."""
+    region = mod[capture.region]
+    if not isinstance(region, relax.Function):
+        return True
+    storage_of = _placement(caller)
+    params = list(region.params)
+    fields = list(capture.args.fields)
+    if len(params) != len(fields):
+        return False  # not the form RewriteCUDAGraph writes: assume the worst
+    outer = dict(zip(params, fields))
+    inner_storages = set()
+    read_first = set()  # parameters the region reads before it writes them
+    written = set()
+    for b in bindings(region):
+        value = b.value
+        if not isinstance(value, relax.Call):
+            continue
+        if isinstance(value.op, tvm.ir.Op):
+            if value.op.name == _ALLOC_TENSOR:
+                inner_storages.add(value.args[0])
+            continue  # other operators at this stage: shape and memory bookkeeping
+        if isinstance(value.op, relax.ExternFunc) and str(value.op.global_symbol).startswith(
+            "vm.builtin."
+        ):
+            continue  # host-side checks of shapes and types, no data read
+        outputs = _outputs(mod, value)
+        for i, arg in enumerate(value.args):
+            if isinstance(arg, relax.Var) and i not in outputs and arg in outer:
+                if arg not in written:
+                    read_first.add(arg)
+        written.update(value.args[i] for i in outputs)
+    shared = {outer[p] for p in inner_storages if p in outer}
+    return not any(storage_of.get(outer[p]) in shared for p in read_first)
+
+
+def _outputs(mod: tvm.IRModule, call: relax.Call) -> set[int]:
+    """Argument positions a kernel call writes: the buffers its PrimFunc writes, or a library
+    call's last argument (destination-passing style, one output)."""
+    if isinstance(call.op, tvm.ir.GlobalVar):
+        func = mod[call.op]
+        if isinstance(func, tvm.tirx.PrimFunc):
+            return written_params(func)
+    return {len(call.args) - 1} if call.args else set()
+
+
+def _placement(func: relax.Function) -> dict[relax.Var, relax.Var]:
+    """Tensor var -> the storage var it was placed in (through aliases and views)."""
+    out: dict[relax.Var, relax.Var] = {}
+    for b in bindings(func):
+        value = b.value
+        if isinstance(value, relax.Var) and value in out:
+            out[b.var] = out[value]
+        elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+            if value.op.name == _ALLOC_TENSOR and isinstance(value.args[0], relax.Var):
+                out[b.var] = value.args[0]
+            elif value.op.name in _VIEWS and value.args and value.args[0] in out:
+                out[b.var] = out[value.args[0]]
+    return out

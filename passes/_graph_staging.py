@@ -58,16 +58,37 @@ def is_kernel_call(value: relax.Expr, mod: tvm.IRModule) -> bool:
 
 
 def staged_copy(
-    mod: tvm.IRModule, src: relax.Var, name: str, target: tvm.target.Target
+    mod: tvm.IRModule,
+    src: relax.Var,
+    name: str,
+    target: tvm.target.Target,
+    dedicated: bool = False,
 ) -> tuple[tvm.IRModule, relax.Var, list[relax.VarBinding]]:
-    """The bindings that copy ``src`` into a fresh ``R.builtin.alloc_tensor`` named ``name``
-    (one copy kernel launch), ``mod`` with that kernel, and the new tensor's var. The bindings
-    are typed when the function is rebuilt (:func:`with_main`)."""
+    """The bindings that copy ``src`` into a fresh tensor named ``name`` (one copy kernel
+    launch), ``mod`` with that kernel, and the new tensor's var. The bindings are typed when the
+    function is rebuilt (:func:`with_main`).
+
+    The tensor is an ``R.builtin.alloc_tensor`` that ``StaticPlanBlockMemory`` plans like any
+    intermediate, or with ``dedicated`` a storage of its own (``R.memory.alloc_storage``, which
+    the planner leaves alone and ``RewriteCUDAGraph`` lifts as static): no kernel after its last
+    reader may reuse the bytes, so a capture region reading it gives the same result when it
+    runs twice in one call (a measured decision, a capture that failed and runs again)."""
     mod, copy = copy_kernel(mod, src.ty, target)
-    shape = relax.ShapeExpr([tvm.tirx.IntImm("int64", d) for d in static_shape(src.ty)])
+    dims = static_shape(src.ty)
+    shape = relax.ShapeExpr([tvm.tirx.IntImm("int64", d) for d in dims])
     dst = relax.Var(name, src.ty)
-    alloc = relax.op.builtin.alloc_tensor(shape, str(src.ty.dtype), 0, "global")
-    bindings = [
+    dtype = str(src.ty.dtype)
+    bindings = []
+    if dedicated:
+        storage = relax.Var(f"{name}_storage", relax.ObjectType())
+        size = relax.ShapeExpr([tvm.tirx.IntImm("int64", tensor_bytes(src.ty))])
+        bindings.append(
+            relax.VarBinding(storage, relax.op.memory.alloc_storage(size, 0, "global", "uint8"))
+        )
+        alloc = relax.op.memory.alloc_tensor(storage, 0, shape, dtype)
+    else:
+        alloc = relax.op.builtin.alloc_tensor(shape, dtype, 0, "global")
+    bindings += [
         relax.VarBinding(dst, alloc),
         relax.VarBinding(relax.Var(f"{name}_copy", relax.AnyType()), relax.Call(copy, [src, dst])),
     ]

@@ -4,14 +4,17 @@ TVM's ``dlight.ApplyDefaultSchedule`` writes the scheduled functions back into t
 given; this pass builds a new module instead, so the pipeline never mutates its input (checked by
 ``testing.immutable_module`` in the tests). Rules are tried in order and the first one that
 returns a schedule wins (the dlight / tinygrad rule contract); a rule returning ``None``
-declines (a rule with a ``decline_reason(func, target)`` method says why: the GIR rules do, and
-the stats show the reasons per rule as ``schedule.declined_because``), and so does a rule whose
+declines (a rule with an ``apply_with_reason(func, target)`` method returning ``(schedule or
+None, reason)`` says why from the same analysis: the GIR rules and ``ParallelSpatialLLVM`` do,
+and the stats show the reasons per rule as ``schedule.declined_because``), and so does a rule whose
 schedule TVM refuses (a ``TVMError``, e.g. a dlight rule asserting on a kernel shape it was not
-written for). A rule failing with any other error (a bug in the rule) is *reported* (module
-attribute ``plus.schedule``, shown in the stats as ``schedule``, and a warning) and the next
-rule tries: a crashing rule never hides as "does not apply", and never fails a compile that
-TVM's own pipeline would finish (the rules are pluggable: dlight's, GIR's, a user's). Ctrl-C
-is never swallowed (:mod:`plus_tvm.interrupt`).
+written for), and so does a rule whose schedule the GPU could not run (more static shared
+memory than a block may have: the reason goes to ``declined_because``). A rule failing with
+any other error (a bug in the rule) is *reported* (module attribute ``plus.schedule``, shown
+in the stats as ``schedule``, and a warning) and the next rule tries: a crashing rule never
+hides as "does not apply", and never fails a compile that TVM's own pipeline would finish
+(the rules are pluggable: dlight's, GIR's, a user's). Ctrl-C is never swallowed
+(:mod:`plus_tvm.interrupt`).
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from collections import Counter, defaultdict
 import tvm
 from plus_tvm import interrupt
 from plus_tvm.errors import TVM_REFUSAL
-from tvm import tirx
+from plus_tvm.tir_blocks import static_shared_bytes
+from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
 
 REPORT_ATTR = "plus.schedule"
+# static __shared__ arrays per block on NVIDIA GPUs (more only as opt-in dynamic shared memory)
+STATIC_SHARED_LIMIT = 48 * 1024
 
 
 @tvm.transform.module_pass(opt_level=0, name="ApplyScheduleRules")
@@ -69,8 +75,12 @@ class ApplyScheduleRules:
         for rule in self.rules:
             rule_name = type(rule).__name__
             interrupt.check()
+            with_reason = getattr(rule, "apply_with_reason", None)
             try:
-                space = rule.apply(func, target, False)
+                if with_reason is not None:
+                    space, reason = with_reason(func, target)
+                else:
+                    space, reason = rule.apply(func, target, False), None
             except TVM_REFUSAL:
                 # TVM refused a schedule primitive of the rule: it declines, the next one tries
                 interrupt.check()
@@ -89,13 +99,17 @@ class ApplyScheduleRules:
                 report.fail(name, rule_name, err)
                 continue
             if space is None:
-                reason = getattr(rule, "decline_reason", None)
-                if reason is not None:
-                    report.declined_because[rule_name][reason(func, target)] += 1
+                if reason:
+                    report.declined_because[rule_name][reason] += 1
                 continue
             sch = space[0] if isinstance(space, (list, tuple)) else space
+            scheduled = sch.mod["main"]
+            over = _over_gpu_limits(scheduled, target)
+            if over:  # the GPU would refuse the kernel at load: the next rule tries
+                report.declined_because[rule_name][over] += 1
+                continue
             report.scheduled[rule_name] += 1
-            return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+            return scheduled.with_attr("tirx.is_scheduled", True)
         report.unscheduled += 1
         return None
 
@@ -132,6 +146,48 @@ class _Report:
             },
             sort_keys=True,
         )
+
+
+def _over_gpu_limits(func: tirx.PrimFunc, target: tvm.target.Target) -> str:
+    """Why a scheduled ``func`` cannot run on ``target``'s GPU ('' when it can): more static
+    shared memory per thread block than a block may have (a dlight reduction rule caching a
+    whole fused epilogue's input, e.g. VGG-16's pooled 512x7x7 map, 98 KiB: the CUDA module
+    then fails to load, a failure no compile-time step of TVM's reports)."""
+    if "gpu" not in target.keys:
+        return ""
+    limit = min(
+        int(target.attrs.get("max_shared_memory_per_block", STATIC_SHARED_LIMIT)),
+        STATIC_SHARED_LIMIT,
+    )
+    declared = static_shared_bytes(func)
+    if declared is None or declared <= limit:
+        return ""
+    used = _per_block_shared_bytes(func, target)  # what lowering leaves of each buffer
+    if used is not None and used > limit:
+        return f"static shared memory {used} bytes over the {limit}-byte limit"
+    return ""
+
+
+_PLACE_AND_COMPACT = (
+    s_tir.transform.LowerCrossThreadReduction,
+    s_tir.transform.LowerInitBlock,
+    s_tir.transform.PlanAndUpdateBufferAllocationLocation,
+    s_tir.transform.ConvertBlocksToOpaque,
+    s_tir.transform.CompactBufferAllocation,
+)
+
+
+def _per_block_shared_bytes(func: tirx.PrimFunc, target: tvm.target.Target) -> int | None:
+    """The shared memory one thread block of ``func`` allocates once lowering has placed each
+    buffer where it is used and compacted it to the region a block touches (the first steps of
+    TVM's own lowering); ``None`` when TVM refuses those steps."""
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    try:
+        with target:
+            lowered = tvm.transform.Sequential([p() for p in _PLACE_AND_COMPACT])(mod)
+    except TVM_REFUSAL:
+        return None
+    return static_shared_bytes(lowered["main"])
 
 
 def _from_tvm(rule: ScheduleRule) -> bool:

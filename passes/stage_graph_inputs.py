@@ -6,8 +6,10 @@ reader of a model input runs outside the graph, and each one in the middle of th
 a capture region in two. A library kernel left outside costs a crossing into Python per call
 (measured on an H100: ViT's patch convolution, a ``plus.conv2d`` reading ``pixel_values``).
 
-This pass (PyGraph section 4.1, in Relax terms) gives such an input a buffer of its own,
-``R.builtin.alloc_tensor`` planned by ``StaticPlanBlockMemory`` like any intermediate, fills it
+This pass (PyGraph section 4.1, in Relax terms) gives such an input a buffer of its own, a
+static storage no other tensor shares (PyGraph's static input placeholder: were the planner
+to hand its bytes to a later intermediate, a region run twice in one call, as a measured
+decision or a failed capture does, would read that intermediate as its input), fills it
 with one copy kernel at the start of ``main`` (that copy is the only reader of the input: it
 stays outside the graph) and makes every reader use the buffer. By default every input that
 a kernel reads is staged (``min_readers=1``): a copy then launches where the reader would have
@@ -47,6 +49,11 @@ class StageGraphInputs:
     min_readers : int
         Stage an input read by this many kernels or more (a library kernel reading it always
         stages it).
+    own_storage : bool
+        Give each staged buffer a storage of its own (default). ``False`` lets the planner share
+        its bytes with later activations: less memory, but a region that then runs twice in
+        one call reads a clobbered input, so ``RouteCUDAGraphRuntime`` marks such regions as
+        not safe to run again.
 
     Attributes
     ----------
@@ -54,9 +61,12 @@ class StageGraphInputs:
         After a run: input name -> bytes copied per call.
     """
 
-    def __init__(self, target: tvm.target.Target, min_readers: int = 1) -> None:
+    def __init__(
+        self, target: tvm.target.Target, min_readers: int = 1, own_storage: bool = True
+    ) -> None:
         self.target = target
         self.min_readers = min_readers
+        self.own_storage = own_storage
         self.staged: dict[str, int] = {}
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -72,7 +82,9 @@ class StageGraphInputs:
         new_bindings = []
         mapping = {}
         for param in chosen:
-            mod, staged, bindings = staged_copy(mod, param, f"{param.name}_staged", self.target)
+            mod, staged, bindings = staged_copy(
+                mod, param, f"{param.name}_staged", self.target, dedicated=self.own_storage
+            )
             new_bindings += bindings
             mapping[param] = staged
             self.staged[param.name] = tensor_bytes(param.ty)

@@ -92,13 +92,13 @@ def _build(bert, mode: str):
     return final, tvm.compile(final, tgt, relax_pipeline=None)
 
 
-def _run_three(bert, executable, runtime_fn, name: str):
+def _run_three(bert, executable, runtime_fn, name: str, calls: int = 3):
     model, inputs, _, _, weights = bert
     tvm_ffi.register_global_func(PLUS_RUN_OR_CAPTURE, runtime_fn, override=True)
     try:
         vm = relax.VirtualMachine(executable, tvm.cpu())
         outs = []
-        for seed in range(3):
+        for seed in range(calls):
             ids = torch.randint(
                 0, 1000, inputs[0].shape, generator=torch.Generator().manual_seed(seed)
             )
@@ -191,7 +191,8 @@ def test_auto_measures_once_and_caches_the_decision(bert, tmp_path, graph_faster
         return INVOKE(vm, func, *args)
 
     cache = cuda_graph.DecisionCache(str(tmp_path / "d.json"))
-    rt = cuda_graph.GraphRuntime(capture, invoke, _Device(), cache, runs=3, clock=clock)
+    # runs=1: call 1 without a graph (timed), call 2 captures, call 3 replays (timed), decides
+    rt = cuda_graph.GraphRuntime(capture, invoke, _Device(), cache, runs=1, clock=clock)
     _run_three(bert, executable, rt, "auto")
     (state,) = rt.status()
     expect = "graph" if graph_faster else "eager"
@@ -202,11 +203,146 @@ def test_auto_measures_once_and_caches_the_decision(bert, tmp_path, graph_faster
     assert next(iter(stored)).startswith("test-gpu|")
     # a new process on the same GPU reads the decision instead of measuring again
     replays.clear()
-    again = cuda_graph.GraphRuntime(capture, invoke, _Device(), cache, runs=3, clock=clock)
+    again = cuda_graph.GraphRuntime(capture, invoke, _Device(), cache, runs=1, clock=clock)
     _run_three(bert, executable, again, "auto cached")
     (state,) = again.status()
     assert state["decision"] == expect and "eager_us" not in state
     assert replays == ([0, 0, 0] if graph_faster else [])
+
+
+def test_measuring_runs_the_region_once_per_call(bert, tmp_path):
+    """A region runs once per call while it is measured (two runs in one call read what the
+    first left in buffers shared with its inputs: wrong first outputs on an H200, 2026-11-26)."""
+    _, executable = _build(bert, "auto")
+    runs_per_call = []
+    device = _Device()
+
+    def count(fn):
+        def wrapped(vm, func, *args):
+            runs_per_call[-1] += 1
+            return fn(vm, func, *args)
+
+        return wrapped
+
+    invoke = count(INVOKE)
+    capture = count(lambda vm, func, args, index, *shape: INVOKE(vm, func, *args))
+    rt = cuda_graph.GraphRuntime(
+        capture, invoke, device, cuda_graph.DecisionCache(str(tmp_path / "d.json")), runs=2
+    )
+
+    def runtime(*args):
+        runs_per_call.append(0)
+        return rt(*args)
+
+    _run_three(bert, executable, runtime, "measured", calls=6)
+    assert runs_per_call == [1] * 6
+    (state,) = rt.status()
+    assert state["decision"] in ("graph", "eager") and state["calls"] == 6
+    assert device.syncs == 8  # a sync before and after each of the four timed calls
+
+
+def _resnet(own_storage: bool = True, flags_only: bool = False):
+    """ResNet-50-tiny built for the CPU with the capture passes (``own_storage`` as given to
+    ``StageGraphInputs``): (model, inputs, weights, final module, executable)."""
+    from plus_tvm.passes import (
+        DeclareCaptureVars,
+        RewriteCUDAGraph,
+        RewriteViewBuiltins,
+        RouteCUDAGraphRuntime,
+        StageGraphInputs,
+        StageGraphOutputs,
+    )
+
+    model, inputs = zoo.load("resnet50-tiny")
+    tgt = resolve_target("llvm")
+    mod, _ = pre_lowering(load_model(model, inputs), tgt, Options(), "plus")
+    capture = [
+        DeclareCaptureVars(),
+        StageGraphInputs(tgt, own_storage=own_storage),
+        StageGraphOutputs(tgt),
+        RewriteViewBuiltins(),
+        relax.transform.StaticPlanBlockMemory(),
+        RewriteCUDAGraph(enabled=True),
+        RouteCUDAGraphRuntime(measure=False),
+    ]
+    rest = [] if flags_only else finalize_phase(tgt, Options(cuda_graph="off"))[1:]
+    with tgt:
+        low = tvm.transform.Sequential(phase_passes(tgt, Options(), PHASE_NAMES[4:5]))(mod)
+        final = tvm.transform.Sequential(capture + rest)(low)
+    if flags_only:
+        return final
+    executable = tvm.compile(final, tgt, relax_pipeline=None)
+    weights = plus_tvm.compile(model, example_args=inputs)._current_weights()
+    return model, inputs, weights, final, executable
+
+
+def _flags(final) -> list[int]:
+    return [
+        int(b.value.args[1].fields[5].value)
+        for b in bindings(final["main"])
+        if capture_call(b.value) is not None
+    ]
+
+
+def _check_resnet(model, inputs, weights, executable, runtime_fn, seeds=(0, 1), fail_first=False):
+    """Run ``seeds`` through one VM and compare with torch; with ``fail_first`` the first call
+    must raise CaptureError."""
+    tvm_ffi.register_global_func(PLUS_RUN_OR_CAPTURE, runtime_fn, override=True)
+    try:
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        for k, seed in enumerate(seeds):
+            x = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(seed))
+            if fail_first and k == 0:
+                with pytest.raises(cuda_graph.CaptureError, match="main_cuda_graph_capture"):
+                    vm["main"](tvm.runtime.tensor(x.numpy()), *weights)
+                continue
+            got = vm["main"](tvm.runtime.tensor(x.numpy()), *weights).numpy()
+            ref = model(x)
+            ref = (ref[0] if isinstance(ref, (tuple, list)) else ref).detach().numpy()
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    finally:
+        cuda_graph.register()
+
+
+def _twice(vm, func, args, index, *shape):
+    INVOKE(vm, func, *args)
+    return INVOKE(vm, func, *args)
+
+
+def test_a_vision_region_run_twice_in_one_call_is_still_correct():
+    """The staged input has a storage of its own: no intermediate of the region overwrites it,
+    so running a region twice in one call (a failed capture running again, TVM's run before
+    capturing) reads the same input both times. ResNet's pixels are float32 like its
+    activations, so the planner would otherwise share their bytes."""
+    model, inputs, weights, final, executable = _resnet()
+    assert _flags(final) == [0]  # safe to run again
+    rt = cuda_graph.GraphRuntime(capture=_twice, device=_Device(), cache=None)
+    _check_resnet(model, inputs, weights, executable, rt)
+
+
+def test_a_region_that_overwrites_its_input_is_flagged_and_never_run_twice():
+    """With the staged input's bytes shared (``own_storage=False``) the region is flagged; a
+    capture that fails there raises CaptureError for that call instead of returning what a
+    second run computes from a clobbered input, and later calls run it once, correctly."""
+    model, inputs, weights, final, executable = _resnet(own_storage=False)
+    assert _flags(final) == [cuda_graph.FLAG_NO_RERUN]
+
+    def fails_after_running(vm, func, args, index, *shape):
+        INVOKE(vm, func, *args)  # TVM runs the region, then the capture fails
+        raise RuntimeError("CUDA: operation not permitted when stream is capturing")
+
+    rt = cuda_graph.GraphRuntime(capture=fails_after_running, device=_Device(), cache=None)
+    _check_resnet(model, inputs, weights, executable, rt, seeds=(0, 1, 2), fail_first=True)
+    (state,) = rt.status()
+    assert state["decision"] == "failed" and state["calls"] == 3
+
+
+def test_the_rerun_hazard_is_real_without_the_flag():
+    """What the flag prevents: the same region run twice in one call is wrong."""
+    model, inputs, weights, _, executable = _resnet(own_storage=False)
+    rt = cuda_graph.GraphRuntime(capture=_twice, device=_Device(), cache=None)
+    with pytest.raises(AssertionError):
+        _check_resnet(model, inputs, weights, executable, rt, seeds=(0,))
 
 
 def test_a_damaged_decision_cache_counts_as_empty(tmp_path):

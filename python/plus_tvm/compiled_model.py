@@ -404,8 +404,10 @@ def _sha256_file(path: str) -> str:
 
 
 def _last_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else type(err).__name__
+    # NVRTC's log (a CUDA module compiled at load) ends in NUL padding
+    lines = [ln.strip() for ln in str(err).replace("\x00", "").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower() and "detected in the comp" not in ln]
+    return (errors or lines or [type(err).__name__])[-1]
 
 
 def _to_numpy(out: object) -> np.ndarray | tuple:

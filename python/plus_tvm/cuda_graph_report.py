@@ -19,7 +19,9 @@ itself gets a reason:
 ``bytes_staged_per_replay`` is what the staging copies move per run (inputs and outputs);
 ``graph_memory_bytes`` the static buffers the regions' graphs hold (planned storage the graphs
 replay into; the memory a capture takes on the GPU is in ``plus_tvm.runtime.cuda_graph.status``).
-Weights are static arguments of the graphs (``num_input``): never copied on replay.
+``not_rerun_safe`` names the regions that may overwrite a tensor they read (``rerun_safe``): a
+capture failing there fails its call (later calls run without the graph). Weights are static
+arguments of the graphs (``num_input``): never copied on replay.
 The plan reported is the one this build's mode makes (``cuda_graph=off`` reports the ``auto``
 plan); ``enabled`` says whether this build uses it.
 """
@@ -31,7 +33,7 @@ from tvm import relax
 
 from .frontend import num_inputs
 from .options import Options
-from .passes._capture_calls import bindings, capture_call
+from .passes._capture_calls import bindings, capture_call, rerun_safe
 from .passes._graph_staging import (
     STAGE_PREFIX,
     is_kernel_call,
@@ -80,6 +82,7 @@ def _analyse(mod: tvm.IRModule, mode: str) -> dict[str, object]:
     inputs = set(main.params[: num_inputs(mod)])
     returned = _aliases(main, _returned_vars(main.body.body))
     regions: list[str] = []
+    unsafe: list[str] = []
     captured = {"kernels": 0, "library_calls": 0}
     outside: list[dict[str, str]] = []
     total_library = 0
@@ -90,6 +93,8 @@ def _analyse(mod: tvm.IRModule, mode: str) -> dict[str, object]:
         region = capture.region if capture is not None else None
         if region is not None:
             regions.append(region.name_hint)
+            if not rerun_safe(mod, main, capture):
+                unsafe.append(region.name_hint)
             for inner in bindings(mod[region]):
                 if is_kernel_call(inner.value, mod) or is_library_call(inner.value):
                     library = is_library_call(inner.value)
@@ -125,6 +130,8 @@ def _analyse(mod: tvm.IRModule, mode: str) -> dict[str, object]:
         "staging_copies": len(staged),
         "bytes_staged_per_replay": sum(staged),
         "graph_memory_bytes": _graph_memory(mod, main),
+        # regions that may overwrite what they read: a failed capture there fails its call
+        "not_rerun_safe": unsafe,
         "outside": outside,
     }
 

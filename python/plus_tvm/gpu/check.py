@@ -4,9 +4,11 @@ Runs with TVM's runtime library alone. For every model of the bundle it rebuilds
 from its seed (or its shipped state dict), checks the weights against the bundle's fingerprint,
 and then for every compiled variant:
 
-- **checks** the outputs on the bundle's three input sets against torch eager on the GPU, both
-  in strict float32 (TF32 off for cuBLAS and cuDNN: the library kernels run through torch in
-  this process and follow the same switches), and that three different inputs give three
+- **checks** the outputs on the bundle's three input sets, each passed three times in turn (so
+  that ``cuda_graph=auto``'s calls without a graph, its capturing call and its replays are all
+  checked), against torch eager on the GPU, both in strict float32 (TF32 off for cuBLAS and
+  cuDNN: the library kernels run through torch in this process and follow the same switches),
+  and that three different inputs give three
   different outputs (a stale CUDA-graph replay would not); NaN in an output is an error;
 - **times** it: inputs placed once, warm-up runs, then timed runs each ending with a device
   synchronisation (median and minimum, ms); the device memory the process holds after warm-up
@@ -36,6 +38,7 @@ from collections.abc import Callable
 import numpy as np
 
 REL_TOL = 1e-3  # max |plus - torch| / max |torch|, both in strict float32
+CHECK_ROUNDS = 3  # calls per input set in the check (auto measures over its first 7 calls)
 PEERS = ("eager", "compile", "compile-ro")
 
 
@@ -110,11 +113,17 @@ def _check_model(name: str, record: dict, bundle: str, args: argparse.Namespace)
             start = time.perf_counter()
             compiled = plus_tvm.load(os.path.join(bundle, variant["library"]), weights=model)
             _strict_fp32(torch, True)
-            outs = [np.asarray(compiled(*s)) for s in sets]
+            # the sets in turn for CHECK_ROUNDS rounds: with cuda_graph=auto the first calls run
+            # without a graph, then one captures, then replays (runtime.cuda_graph), so every
+            # way a region runs is checked, each against its own input's reference
+            calls = [np.asarray(compiled(*s)) for _ in range(CHECK_ROUNDS) for s in sets]
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
             row["load_and_first_runs_s"] = round(time.perf_counter() - start, 2)
-            row["nan_outputs"] = int(sum(np.isnan(o).sum() for o in outs))
-            errs = [_rel_err(o, r) for o, r in zip(outs, refs)]
+            outs = calls[: len(sets)]
+            row["checked_calls"] = len(calls)
+            row["nan_outputs"] = int(sum(np.isnan(o).sum() for o in calls))
+            errs = [_rel_err(o, refs[k % len(refs)]) for k, o in enumerate(calls)]
+            row["worst_call"] = int(np.argmax([r for _, r in errs]))
             row["max_abs_err"] = max(e for e, _ in errs)
             row["max_rel_err"] = max(r for _, r in errs)
             distinct = all(

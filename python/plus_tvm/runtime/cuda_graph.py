@@ -8,20 +8,29 @@ The VM then calls::
 
     plus.cuda_graph.run_or_capture(vm, capture_func, args, index, name, key, measure, [shape])
 
-On the first call of a region (per VM, index and captured shape):
+Per VM, region index and captured shape:
 
-- ``measure`` off (``cuda_graph=always``): TVM's builtin captures the region and replays it
-  from then on;
-- ``measure`` on (``cuda_graph=auto``): the region runs ``runs`` times without a graph and
-  ``runs`` times as a replayed graph, each timed to a device sync; the faster way is kept and
-  written to a decision cache keyed by the GPU's name, the module key, the region and the
-  shape, so a later process on the same GPU skips the measurement.
+- ``measure`` off (``cuda_graph=always``): TVM's builtin captures the region on the first call
+  and replays it from then on;
+- ``measure`` on (``cuda_graph=auto``): the first ``runs`` calls run the region without a
+  graph, the next one captures it, the ``runs`` after that replay it, each of those timed to a
+  device sync; then the faster way is kept and written to a decision cache keyed by the GPU's
+  name, the module key, the region and the shape, so a later process on the same GPU skips the
+  measurement. **Every call runs the region once** (TVM's capture runs it once before
+  capturing, and the capture itself runs nothing): a region that ran twice in one call would
+  read whatever its first run left in buffers it shares with its inputs (a GPU measurement of
+  the first design, which timed both ways inside the first call: the vision models' first
+  outputs were wrong, 0.4-3e23 relative, while every later call was right).
 
 A capture that fails (a library call that allocates or synchronizes while the stream captures,
 out of memory) is caught: the region runs without a graph from then on, with one warning that
-names it, and the call that failed recomputes its result without a graph, so no result is
-stale. :func:`status` gives per region the decision, the times measured and the device memory
-its capture took. The function only needs TVM's runtime library.
+names it, and the call that failed recomputes its result without a graph (its inputs are
+intact: ``StageGraphInputs`` gives each staged input a storage of its own). A region that may
+overwrite what it reads (``FLAG_NO_RERUN``, from ``rerun_safe`` at compile time) cannot run
+twice in one call: there the failing call raises :class:`CaptureError` instead of returning a
+wrong result, and later calls run the region without a graph. :func:`status`
+gives per region the decision, the times measured and the device memory its capture took. The
+function only needs TVM's runtime library.
 """
 
 from __future__ import annotations
@@ -47,9 +56,19 @@ GRAPH = "graph"
 EAGER = "eager"
 FAILED = "failed"
 
+# the flags argument RouteCUDAGraphRuntime writes after the module key
+FLAG_MEASURE = 1  # cuda_graph=auto: decide by measurement
+FLAG_NO_RERUN = 2  # the region may overwrite what it reads: never run it twice in one call
+
 
 class CaptureWarning(RuntimeWarning):
     """A capture region could not be captured and runs without a CUDA graph."""
+
+
+@tvm_ffi.register_error
+class CaptureError(RuntimeError):
+    """A capture failed in a region that cannot run again in the same call; later calls run it
+    without a graph. (Registered with tvm-ffi so that it keeps its class through the VM.)"""
 
 
 @dataclass
@@ -63,9 +82,19 @@ class RegionState:
     graph_bytes: int | None = None
     error: str = ""
     calls: int = 0
+    rerun: bool = True  # whether the region may run twice in one call (a failed capture)
+    # while measuring (cuda_graph=auto): the cache key, whether the region was captured, and the
+    # times of the calls so far (seconds), one run per call
+    cache_key: str = ""
+    captured: bool = False
+    eager_s: list[float] = field(default_factory=list)
+    graph_s: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
-        return {k: v for k, v in self.__dict__.items() if v not in ("", None)}
+        return {k: v for k, v in self.__dict__.items() if v not in ("", None) and k not in _PRIVATE}
+
+
+_PRIVATE = frozenset(("rerun", "cache_key", "captured", "eager_s", "graph_s"))
 
 
 def default_cache_path() -> str:
@@ -134,7 +163,7 @@ class GraphRuntime:
     cache : DecisionCache, optional
         Where measured decisions persist (default :func:`default_cache_path`).
     runs : int
-        Timed runs per variant when measuring.
+        Timed calls per way (without a graph, replayed) when measuring.
     clock : callable
         Seconds, monotonic.
     """
@@ -145,7 +174,7 @@ class GraphRuntime:
         invoke: Callable | None = None,
         device: Device | None = None,
         cache: DecisionCache | None = None,
-        runs: int = 5,
+        runs: int = 3,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._capture = capture
@@ -158,24 +187,24 @@ class GraphRuntime:
         self._regions: dict[tuple, RegionState] = {}
 
     # ------------------------------------------------------------------ the VM's entry point
-    def __call__(self, vm, func, args, index, name, key, measure, *shape):
+    def __call__(self, vm, func, args, index, name, key, flags, *shape):
         state_key = (_address(vm), int(index), tuple(int(s) for s in shape[0]) if shape else ())
         with self._lock:
             state = self._regions.get(state_key)
             if state is None:
                 state = self._regions[state_key] = RegionState(name=str(name))
             state.calls += 1
-            decision = state.decision
-        if decision == GRAPH:
+            state.rerun = not int(flags) & FLAG_NO_RERUN
+        measure = bool(int(flags) & FLAG_MEASURE)
+        if not state.decision:
+            with self._lock:  # undecided: one thread at a time captures or measures
+                if not state.decision:
+                    if not measure:
+                        return self._capture_region(state, vm, func, args, index, shape)
+                    return self._measure(state, vm, func, args, index, str(key), shape)
+        if state.decision == GRAPH:
             return self._tvm_capture()(vm, func, args, index, *shape)
-        if decision in (EAGER, FAILED):
-            return self._run_eager(vm, func, args)
-        with self._lock:  # first call: one thread decides, the others wait for it
-            if not state.decision:
-                return self._first_call(
-                    state, vm, func, args, index, str(key), bool(measure), shape
-                )
-        return self(vm, func, args, index, name, key, measure, *shape)
+        return self._run_eager(vm, func, args)  # EAGER or FAILED
 
     def status(self) -> list[dict[str, object]]:
         """Per region seen: name, decision, calls, times measured (us), graph memory (bytes)."""
@@ -188,51 +217,78 @@ class GraphRuntime:
             self._regions.clear()
 
     # ------------------------------------------------------------------ internals
-    def _first_call(self, state, vm, func, args, index, key, measure, shape):
-        cache_key = "|".join((self._device_name(), key, state.name, ",".join(map(str, shape))))
-        known = self.cache.get(cache_key) if measure else None
-        if known == EAGER:
-            state.decision = EAGER
-            return self._run_eager(vm, func, args)
-        if measure and known is None:
-            state.eager_us = self._time(lambda: self._run_eager(vm, func, args))
+    def _capture_region(self, state, vm, func, args, index, shape):
+        """Capture the region (TVM's builtin runs it once, then captures it) and keep the graph;
+        on failure run it without a graph from now on."""
         before = self.device.free_bytes()
         try:
             result = self._tvm_capture()(vm, func, args, index, *shape)
         except (RuntimeError, MemoryError) as err:
             state.decision, state.error = FAILED, str(err).strip().splitlines()[-1][:300]
+            if not state.rerun:
+                raise CaptureError(
+                    f"CUDA graph capture of region {state.name!r} failed ({state.error}); "
+                    "the region may overwrite what it reads, so this call cannot run it "
+                    "again without a graph and has no result; later calls run it without a "
+                    "graph (cuda_graph='off' avoids the capture)"
+                ) from None
             warnings.warn(
                 f"CUDA graph capture of region {state.name!r} failed ({state.error}); "
                 "it runs without a graph from now on",
                 CaptureWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             return self._run_eager(vm, func, args)
         after = self.device.free_bytes()
         if before is not None and after is not None:
             state.graph_bytes = max(0, int(before) - int(after))
-        state.decision = GRAPH
-        if measure and known is None:
-            state.graph_us = self._time(lambda: self._tvm_capture()(vm, func, args, index, *shape))
-            if state.graph_us >= state.eager_us:
+        state.captured = True
+        if not state.cache_key:  # cuda_graph=always: decided by capturing
+            state.decision = GRAPH
+        return result
+
+    def _measure(self, state, vm, func, args, index, key, shape):
+        """One call of a region being measured: ``runs`` timed calls without a graph, one call
+        that captures, ``runs`` timed replays, then the decision (module docstring)."""
+        if not state.cache_key:
+            state.cache_key = "|".join(
+                (self._device_name(), key, state.name, ",".join(map(str, shape)))
+            )
+            known = self.cache.get(state.cache_key)
+            if known == EAGER:
                 state.decision = EAGER
-            self.cache.put(cache_key, state.decision)
-            if state.decision == EAGER:
                 return self._run_eager(vm, func, args)
+            if known == GRAPH:
+                state.cache_key = ""  # decided: capture as cuda_graph=always does
+                return self._capture_region(state, vm, func, args, index, shape)
+        if len(state.eager_s) < self.runs:
+            seconds, result = self._timed(lambda: self._run_eager(vm, func, args))
+            state.eager_s.append(seconds)
+            return result
+        if not state.captured:
+            result = self._capture_region(state, vm, func, args, index, shape)
+            if state.decision == FAILED:
+                self.cache.put(state.cache_key, EAGER)
+            return result
+        seconds, result = self._timed(lambda: self._tvm_capture()(vm, func, args, index, *shape))
+        state.graph_s.append(seconds)
+        if len(state.graph_s) >= self.runs:
+            state.eager_us = statistics.median(state.eager_s) * 1e6
+            state.graph_us = statistics.median(state.graph_s) * 1e6
+            state.decision = GRAPH if state.graph_us < state.eager_us else EAGER
+            self.cache.put(state.cache_key, state.decision)
         return result
 
     def _run_eager(self, vm, func, args):
         return self._tvm_invoke()(vm, func, *args)
 
-    def _time(self, fn: Callable[[], object]) -> float:
-        times = []
-        for _ in range(self.runs):
-            self.device.sync()
-            start = self.clock()
-            fn()
-            self.device.sync()
-            times.append(self.clock() - start)
-        return statistics.median(times) * 1e6
+    def _timed(self, fn: Callable[[], object]) -> tuple[float, object]:
+        """Seconds ``fn`` takes from one device sync to the next, and its result."""
+        self.device.sync()
+        start = self.clock()
+        result = fn()
+        self.device.sync()
+        return self.clock() - start, result
 
     def _device_name(self) -> str:
         try:

@@ -31,9 +31,11 @@ from .walk import (
     is_opaque,
     loads,
     nodes,
+    static_shared_bytes,
     stores,
     stores_any,
     walk_expr,
+    written_params,
 )
 
 __all__ = [
@@ -52,7 +54,9 @@ __all__ = [
     "is_unit",
     "loads",
     "nodes",
+    "static_shared_bytes",
     "stores",
     "stores_any",
     "walk_expr",
+    "written_params",
 ]

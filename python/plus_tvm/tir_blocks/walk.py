@@ -135,3 +135,37 @@ def is_opaque(block: SBlock) -> bool:
     if block.iter_vars:
         return False
     return any(True for _ in stores(block.body, in_loops=True))
+
+
+def static_shared_bytes(func: tirx.PrimFunc) -> int | None:
+    """Bytes of the ``shared``-scope buffers the blocks of ``func`` allocate, as declared (CUDA's
+    static ``__shared__`` arrays, at most 48 KiB per block on every NVIDIA GPU); ``None`` when a
+    buffer's size is symbolic. Dynamic shared memory (``shared.dyn``) is not counted. On a
+    scheduled function before lowering this is an upper bound: lowering compacts each buffer to
+    the region one thread block touches."""
+    total = 0
+    for block in blocks(func.body):
+        for buf in block.alloc_buffers:
+            if buf.scope() != "shared":
+                continue
+            elems = 1
+            for dim in buf.shape:
+                if not isinstance(dim, tirx.IntImm):
+                    return None
+                elems *= int(dim)
+            dtype = tvm.runtime.DataType(str(buf.dtype))
+            total += elems * ((dtype.bits * dtype.lanes + 7) // 8)
+    return total
+
+
+def written_params(func: tirx.PrimFunc) -> set[int]:
+    """Positions of the parameters (buffers) ``func`` writes, by declared block writes and by
+    stores, opaque code included: a kernel's outputs in destination-passing style."""
+    written: list = []
+    for block in blocks(func.body):
+        written += [region.source for region in block.writes]
+        for part in (block.body, block.init):
+            if part is not None:
+                written += [s.buffer for s in stores(part)]
+                written += [s.buffer for s in stores(part, in_loops=True)]
+    return {i for i, p in enumerate(func.params) if any(w.same_as(p) for w in written)}
