@@ -25,7 +25,7 @@ from plus_tvm import interrupt
 from plus_tvm.errors import TVM_REFUSAL
 from plus_tvm.gir.lowering import permuted_reads
 from plus_tvm.gir.model import Machine
-from plus_tvm.gir.search import Plan, plan_for_rule
+from plus_tvm.gir.search import REFUSED, Plan, plan_for_rule
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
 
@@ -45,21 +45,21 @@ class GIRCUDA(ScheduleRule):
         self.budget = budget
         self.machine = machine
 
-    def decline_reason(self, func: tirx.PrimFunc, target: tvm.target.Target) -> str:
-        """Why :meth:`apply` returned None for ``func`` (``ApplyScheduleRules`` reports it)."""
-        why: list[str] = []
-        plan_for_rule(func, target, "cuda", self.budget, self.machine, why)
-        return why[0] if why else "a TVM schedule primitive refused every lowering of the plan"
-
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        p = plan_for_rule(func, target, "cuda", self.budget, self.machine)
+        return self.apply_with_reason(func, target)[0]
+
+    def apply_with_reason(self, func: tirx.PrimFunc, target: tvm.target.Target):
+        """The schedule, or ``None`` and why (from the same analysis: ``ApplyScheduleRules``
+        reports the reason as ``schedule.declined_because``)."""
+        why: list[str] = []
+        p = plan_for_rule(func, target, "cuda", self.budget, self.machine, why)
         if p is None:
-            return None
+            return None, why[0] if why else "no GIR plan"
         try:
-            return lower(p.func or func, p)
+            return lower(p.func or func, p), None
         except TVM_REFUSAL:  # a primitive refused: dlight's rules take it
             interrupt.check()
-            return None
+            return None, REFUSED
 
 
 def _spatial(sch: s_tir.Schedule, block) -> bool:

@@ -28,7 +28,7 @@ from plus_tvm.errors import TVM_REFUSAL
 from plus_tvm.gir.analysis import tvm_structural_equal
 from plus_tvm.gir.lowering import permuted_reads, vectorizable_math
 from plus_tvm.gir.model import Machine
-from plus_tvm.gir.search import Plan, plan_for_rule
+from plus_tvm.gir.search import REFUSED, Plan, plan_for_rule
 from plus_tvm.tir_blocks import walk_expr
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
@@ -52,26 +52,26 @@ class GIRLLVM(ScheduleRule):
         self.fast_math = fast_math
         self.machine = machine
 
-    def decline_reason(self, func: tirx.PrimFunc, target: tvm.target.Target) -> str:
-        """Why :meth:`apply` returned None for ``func`` (``ApplyScheduleRules`` reports it)."""
-        why: list[str] = []
-        plan_for_rule(func, target, "llvm", self.budget, self.machine, why)
-        return why[0] if why else "a TVM schedule primitive refused every lowering of the plan"
-
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        p = plan_for_rule(func, target, "llvm", self.budget, self.machine)
+        return self.apply_with_reason(func, target)[0]
+
+    def apply_with_reason(self, func: tirx.PrimFunc, target: tvm.target.Target):
+        """The schedule, or ``None`` and why (from the same analysis: ``ApplyScheduleRules``
+        reports the reason as ``schedule.declined_because``)."""
+        why: list[str] = []
+        p = plan_for_rule(func, target, "llvm", self.budget, self.machine, why)
         if p is None:
-            return None
+            return None, why[0] if why else "no GIR plan"
         # TVM's vectorizer emits int8 vectors into bool buffers (a dtype mismatch): kernels
         # touching booleans keep the plan's parallel structure but no vectors
         levels = (0,) if _touches_bool(func) else (2, 1, 0)
         for level in levels:
             try:
-                return lower(p.func or func, p, level, self.fast_math)
+                return lower(p.func or func, p, level, self.fast_math), None
             except TVM_REFUSAL:  # a primitive refused: try a plainer lowering
                 interrupt.check()
                 continue
-        return None
+        return None, REFUSED
 
 
 def _touches_bool(func: tirx.PrimFunc) -> bool:

@@ -40,31 +40,30 @@ class ParallelSpatialLLVM(ScheduleRule):
         self.lanes = lanes
         self.min_parallel = min_parallel
 
-    def decline_reason(self, func: tirx.PrimFunc, target: tvm.target.Target) -> str:
-        """Why :meth:`apply` returned None (``ApplyScheduleRules`` reports it)."""
-        del func
-        if target.kind.name != "llvm":
-            return f"a {target.kind.name} target"
-        return (
-            f"no data-parallel block with a static loop nest of {self.min_elements} elements "
-            "or more (reductions keep their order)"
-        )
-
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
+        return self.apply_with_reason(func, target)[0]
+
+    def apply_with_reason(self, func: tirx.PrimFunc, target: tvm.target.Target):
+        """The schedule, or ``None`` and why (``ApplyScheduleRules`` reports it)."""
         if target.kind.name != "llvm":
-            return None
+            return None, f"a {target.kind.name} target"
         try:
             sch = s_tir.Schedule(func)
             blocks = sch.get_child_blocks(sch.get_sblock("root"))
         except TVM_REFUSAL:  # opaque functions are not ours to schedule
-            return None
+            return None, "no schedulable root block (opaque code)"
         changed = False
         for brv in blocks:
             try:
                 changed |= self._schedule_block(sch, brv)
             except TVM_REFUSAL:  # a primitive refused this block: it keeps its loops
                 continue
-        return sch if changed else None
+        if changed:
+            return sch, None
+        return None, (
+            f"no data-parallel block with a static loop nest of {self.min_elements} elements "
+            "or more (reductions keep their order)"
+        )
 
     def _schedule_block(self, sch: s_tir.Schedule, brv: object) -> bool:
         block = sch.get(brv)

@@ -405,12 +405,12 @@ def test_a_buffer_compiled_in_as_a_constant_refuses_to_go_stale():
 def test_an_interrupt_inside_a_schedule_rule_is_not_swallowed(monkeypatch):
     from plus_tvm.schedules import GIRLLVM
 
-    def interrupted(self, func, target, tunable):
+    def interrupted(self, func, target):
         os.kill(os.getpid(), signal.SIGINT)  # as if Ctrl-C arrived while the rule ran
         time.sleep(0.1)
-        return None
+        return None, "interrupted"
 
-    monkeypatch.setattr(GIRLLVM, "apply", interrupted)
+    monkeypatch.setattr(GIRLLVM, "apply_with_reason", interrupted)
     with pytest.raises(KeyboardInterrupt):
         plus_tvm.compile("zoo:bert-base-tiny", "llvm")
 
@@ -418,10 +418,10 @@ def test_an_interrupt_inside_a_schedule_rule_is_not_swallowed(monkeypatch):
 def test_a_crashing_schedule_rule_is_reported_with_its_reason(monkeypatch):
     from plus_tvm.schedules import GIRLLVM
 
-    def broken(self, func, target, tunable):
+    def broken(self, func, target):
         raise TypeError("a bug in the rule")
 
-    monkeypatch.setattr(GIRLLVM, "apply", broken)
+    monkeypatch.setattr(GIRLLVM, "apply_with_reason", broken)
     with pytest.warns(RuntimeWarning, match="GIRLLVM failed"):
         cm = plus_tvm.compile("zoo:bert-base-tiny", "llvm")
     failed = cm.stats["schedule"]["failed"]

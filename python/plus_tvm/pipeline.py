@@ -231,7 +231,8 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
     """``options`` with every compile input that is not in the model read now and written
     into its fields: the folders of ``$PLUS_TVM_WAREHOUSE`` (``warehouse_env``), and for CPU
     targets the GIR model's stored bandwidths (``gir_global_gbps``, ``gir_cache_gbps``) and
-    TVM's pool size (``threads``). Fields the caller set are kept. Both :func:`pipeline` and
+    TVM's pool size (``threads``). Fields already set (by the caller, or by an earlier call:
+    resolving twice reads nothing again) are kept. Both :func:`pipeline` and
     ``plus_tvm.compile`` run the phases with the resolved options, so ``stats["options"]``
     and :meth:`Options.digest` name everything that shaped the compiled code."""
     from .pattern_warehouse import env_folders
@@ -242,13 +243,16 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
     if target.kind.name == "llvm":
         from .gir.model import cpu_figures, runtime_threads
 
-        figures = cpu_figures(target)
-        if not options.gir_global_gbps:
-            changes["gir_global_gbps"] = figures["global_gbps"]
-        if not options.gir_cache_gbps:
-            changes["gir_cache_gbps"] = figures["cache_gbps"]
-        if not options.threads and runtime_threads():
-            changes["threads"] = runtime_threads()
+        if not (options.gir_global_gbps and options.gir_cache_gbps):  # read only when unset
+            figures = cpu_figures(target)
+            if not options.gir_global_gbps:
+                changes["gir_global_gbps"] = figures["global_gbps"]
+            if not options.gir_cache_gbps:
+                changes["gir_cache_gbps"] = figures["cache_gbps"]
+        if not options.threads:
+            threads = runtime_threads()
+            if threads:
+                changes["threads"] = threads
     return options.replace(**changes) if changes else options
 
 

@@ -23,7 +23,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..errors import TVM_REFUSAL
-from ..tir_blocks import SPATIAL, BlockInfo, count_ops, expr_vars, gathers, is_unit
+from ..tir_blocks import SPATIAL, BlockInfo, count_ops, expr_vars, gathers
 
 SYMBOLIC_GUESS = 1024  # extent assumed for a symbolic size in the performance model
 
@@ -273,7 +273,7 @@ def analyze(func: tirx.PrimFunc, why: list[str] | None = None) -> Kernel | None:
         if any(int(iv.iter_type) not in (0, 2) for iv in block.iter_vars):
             return no("an ordered or opaque block iterator")
         spatial_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) == SPATIAL]
-        unit = [iv.var for iv in block.iter_vars if is_unit(iv)]
+        unit = list(info.units)  # the iterators of extent 1 (membership only)
         red_vars = [iv.var for iv in block.iter_vars if int(iv.iter_type) != SPATIAL]
         spatial, reduce = [], []
         for iv in block.iter_vars:

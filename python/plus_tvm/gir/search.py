@@ -178,6 +178,10 @@ def plan(
     return best
 
 
+# why a GIR rule declines a kernel it planned: the lowering of its plan failed
+REFUSED = "a TVM schedule primitive refused every lowering of the plan"
+
+
 def plan_for_rule(
     func: object,
     target: tvm.target.Target,

@@ -8,6 +8,8 @@ extent of 1), one reading of a reduction's operator, one index map per access.
 
 from __future__ import annotations
 
+import functools
+
 import tvm
 from tvm import tirx
 from tvm.s_tir import SBlock
@@ -58,6 +60,9 @@ class BlockInfo:
         out.
     accumulates : bool
         Some store reads its own buffer (a reduction's update).
+
+    Stores and reads are walked on first use (a caller that only needs the loops pays for no
+    expression walk).
     """
 
     def __init__(self, block: SBlock) -> None:
@@ -65,7 +70,16 @@ class BlockInfo:
         self.name: str = block.name_hint
         self.loops = tuple(iv for iv in block.iter_vars if not is_unit(iv))
         self.units = frozenset(iv.var for iv in block.iter_vars if is_unit(iv))
-        self.stores = tuple(stores(block.body))
+        self._positions = {iv.var.id_: k for k, iv in enumerate(self.loops)}
+        self._analyzer: tvm.sym.Analyzer | None = None
+        self._domain: dict = {}
+
+    @functools.cached_property
+    def stores(self) -> tuple[tirx.BufferStore, ...]:
+        return tuple(stores(self.block.body))
+
+    @functools.cached_property
+    def _reads_and_accumulates(self) -> tuple[tuple, bool]:
         reads, accumulates = [], False
         for store in self.stores:
             for load in loads(store.value):
@@ -73,11 +87,15 @@ class BlockInfo:
                     accumulates = True
                 else:
                     reads.append((store, load))
-        self.reads = tuple(reads)
-        self.accumulates = accumulates
-        self._positions = {iv.var.id_: k for k, iv in enumerate(self.loops)}
-        self._analyzer: tvm.sym.Analyzer | None = None
-        self._domain: dict = {}
+        return tuple(reads), accumulates
+
+    @property
+    def reads(self) -> tuple:
+        return self._reads_and_accumulates[0]
+
+    @property
+    def accumulates(self) -> bool:
+        return self._reads_and_accumulates[1]
 
     @property
     def reduces(self) -> tuple[bool, ...]:
