@@ -13,7 +13,6 @@ with the time of the same kernel (same name) under each option set.
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import sys
 
@@ -21,53 +20,26 @@ import numpy as np
 import plus_tvm
 import tvm
 from plus_tvm.compiler import pre_lowering
+from plus_tvm.kernel_timing import launches, random_args, signature
 from plus_tvm.loader import load_model
-from plus_tvm.stats import kernel_calls
 from plus_tvm.target import resolve_target
-from tvm import relax, tirx
-
-
-def _call_counts(mod: tvm.IRModule) -> collections.Counter:
-    """PrimFunc name -> launches per inference (reshapes that lower to views not counted)."""
-    calls = kernel_calls(relax.transform.RewriteDataflowReshape()(mod))
-    return collections.Counter(callee for op, callee in calls if op.startswith("relax.call_tir"))
-
-
-def _args(func: tirx.PrimFunc, dev, rng) -> list | None:
-    out = []
-    for p in func.params:
-        buf = p.ty
-        if not hasattr(buf, "shape"):
-            return None
-        shape = []
-        for d in buf.shape:
-            if not isinstance(d, tirx.IntImm):
-                return None  # symbolic: skipped
-            shape.append(int(d))
-        dtype = str(buf.dtype)
-        if dtype.startswith("float"):
-            a = rng.standard_normal(shape).astype(dtype)
-        elif dtype == "bool":
-            a = rng.integers(0, 2, shape).astype(bool)
-        else:
-            a = np.zeros(shape, dtype)
-        out.append(tvm.runtime.tensor(a, dev))
-    return out
+from tvm import tirx
 
 
 def kernel_times(mod: tvm.IRModule, target, repeat: int) -> dict[str, float]:
     """Milliseconds per inference spent in each PrimFunc of ``mod`` (called name -> ms)."""
     dev = tvm.cpu()
     rng = np.random.default_rng(0)
-    counts = _call_counts(mod)
+    counts = launches(mod)
     out = {}
     for gv, fn in mod.functions.items():
         name = gv.name_hint
         if not isinstance(fn, tirx.PrimFunc) or name not in counts:
             continue
-        args = _args(fn, dev, rng)
-        if args is None:
-            continue
+        sig = signature(fn)
+        if sig is None:
+            continue  # symbolic: skipped
+        args = random_args(sig, dev, rng)
         lib = tvm.compile(tvm.IRModule({"main": fn.with_attr("global_symbol", "main")}), target)
         t = lib.jit().time_evaluator("main", dev, number=5, repeat=repeat, min_repeat_ms=20)(*args)
         out[name] = float(np.median(t.results)) * 1e3 * counts[name]

@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 from plus_tvm.gpu import bundle as gpu_bundle
-from plus_tvm.gpu.check import table
+from plus_tvm.gpu.check import kernel_table, table
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,6 +33,11 @@ def test_bundle_holds_libraries_inputs_and_a_runtime_only_tvm(built):
     assert meta["target"]["kind"] == "cuda" and meta["target"]["arch"] == "sm_90"
     assert meta["external"], "weights travel as names, taken from the rebuilt torch model"
     assert record["state"] == "state.pt" and record["input_sets"] == 3
+    sigs = record["variants"]["plus-off"]["kernel_signatures"]  # for gpu_check --kernels
+    assert sigs and all(e["launches"] >= 1 and e["args"] for e in sigs.values())
+    assert all(
+        isinstance(shape, list) and dtype for e in sigs.values() for shape, dtype in e["args"]
+    )
     with tarfile.open(os.path.join(out, "runtime", "tvm_runtime.tar.gz")) as tar:
         names = tar.getnames()
     assert "tvm/lib/libtvm_runtime.so" in names and "tvm/lib/libtvm_runtime_cuda.so" in names
@@ -92,3 +97,20 @@ def test_table_separates_plus_from_the_tvm_baseline():
     line = table(results).splitlines()[-1]
     # auto vs off, always vs off, auto vs torch, auto vs compile ro
     assert "| 4.00x | 2.00x | 3.00x | 0.50x | 1.0e-07 | yes | NO |" in line
+
+
+def test_kernel_table_compares_the_same_kernels_of_two_variants():
+    results = {
+        "models": {
+            "m": {
+                "variants": {
+                    "plus-always": {"kernel_ms": {"k1": 0.2, "k2": 0.1, "only_a": 1.0}},
+                    "plus-gir": {"kernel_ms": {"k1": 0.1, "k2": 0.2, "only_b": 1.0}},
+                }
+            }
+        }
+    }
+    lines = kernel_table(results, "plus-always", "plus-gir").splitlines()
+    assert lines[2] == "| m | k1 | 0.2000 | 0.1000 | 2.00x |"  # slowest under the first first
+    assert lines[3] == "| m | k2 | 0.1000 | 0.2000 | 0.50x |"
+    assert lines[4] == "| m | all 2 | 0.3000 | 0.3000 | 1.00x |"

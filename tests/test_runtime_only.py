@@ -126,3 +126,32 @@ def test_external_weights_follow_in_place_updates(exported):
     assert not np.allclose(after, before)
     # updated in the buffers they had: a captured CUDA graph replays recorded addresses
     assert [id(w) for w in loaded._device_weights] == buffers
+
+
+def test_kernels_are_timed_one_by_one_on_the_runtime_alone(tmp_path):
+    """gpu_check --kernels: shapes recorded with the compiler, kernels timed without it."""
+    from plus_tvm import Options
+    from plus_tvm.compiler import pre_lowering
+    from plus_tvm.kernel_timing import signatures
+    from plus_tvm.loader import load_model
+    from plus_tvm.target import resolve_target
+
+    model, inputs = zoo.load("resnet50-tiny")
+    mod, _ = pre_lowering(load_model(model, inputs), resolve_target("llvm"), Options(), "plus")
+    sigs = signatures(mod)
+    assert "max_pool2d" in sigs and sigs["max_pool2d"]["launches"] == 1
+    path = str(tmp_path / "resnet.so")
+    plus_tvm.compile(model, example_args=inputs).export_library(path)
+    (tmp_path / "sigs.json").write_text(json.dumps(sigs))
+    result = _run_runtime_only(
+        tmp_path,
+        f"""
+        import json, tvm, plus_tvm
+        from plus_tvm.kernel_timing import time_kernels
+        sigs = json.load(open({str(tmp_path / "sigs.json")!r}))
+        ms = time_kernels(plus_tvm.load({path!r}).executable, sigs, tvm.cpu(), 3, 0)
+        print(json.dumps({{"runtime_only": bool(tvm.base._RUNTIME_ONLY), "ms": ms}}))
+        """,
+    )
+    assert result["runtime_only"]
+    assert set(result["ms"]) == set(sigs) and all(t > 0 for t in result["ms"].values())

@@ -5,7 +5,8 @@ it carries at most 64 MiB. :func:`build_bundle` (on the CPU machine) compiles zo
 ``cuda`` (sm_90 by default) in several variants (plus with ``cuda_graph=off`` / ``always`` /
 ``auto``, TVM's default CUDA pipeline) and writes one folder:
 
-- ``manifest.json``: the bundle's models, variants, compile figures and versions;
+- ``manifest.json``: the bundle's models, variants, compile figures, versions, and per variant
+  the argument shapes of every TIR kernel (``gpu_check --kernels`` times them one by one);
 - ``models/NAME/VARIANT.so`` (+ ``.json``, ``.params``): each exported with
   ``weights="external"``, so the weights come from the torch model rebuilt on the GPU side
   (:func:`plus_tvm.load` with ``weights=``) and only derived constants travel;
@@ -137,6 +138,8 @@ def build_bundle(
                 "compile_s": round(time.perf_counter() - start, 2),
                 "kernels": compiled.stats.get("kernels"),
                 "library_calls": compiled.stats.get("library_calls"),
+                # what gpu_check --kernels times kernel by kernel (kernel_timing)
+                "kernel_signatures": _kernel_signatures(model, example, target, variant),
             }
             log(f"[gpu_bundle] {name} {vname}: {record['variants'][vname]['compile_s']} s")
         manifest["models"][name] = record
@@ -152,6 +155,22 @@ def build_bundle(
             "pack fewer or smaller models"
         )
     return manifest
+
+
+def _kernel_signatures(model: object, example: list, target: dict, variant: Variant) -> dict:
+    """The TIR kernels of ``variant``'s build and their argument shapes (phases 1-4 again)."""
+    from ..compiler import pre_lowering
+    from ..kernel_timing import signatures
+    from ..loader import load_model
+    from ..target import resolve_target
+
+    mod, _ = pre_lowering(
+        load_model(model, example),
+        resolve_target(target),
+        variant.options or Options(),
+        variant.pipeline,
+    )
+    return signatures(mod)
 
 
 def folder_bytes(path: str) -> int:

@@ -14,6 +14,10 @@ and then for every compiled variant:
   synchronisation (median and minimum, ms); the device memory the process holds after warm-up
   beyond what it held before the load (weights, workspace, captured graphs).
 
+With ``--kernels a,b`` the TIR kernels of variants ``a`` and ``b`` are also timed one by one
+(:mod:`plus_tvm.kernel_timing`, shapes from the manifest) and compared in ``OUT/kernels.md``
+(``plus-always,plus-gir``: GIR's CUDA schedules against dlight's, kernel by kernel).
+
 Peers are timed the same way in the same process: torch eager, ``torch.compile`` (default) and
 ``torch.compile(mode="reduce-overhead")`` (inductor with CUDA graphs); each ``torch.compile``
 peer is skipped (and said so) when the time budget is spent. Results go to ``OUT/gpu_check.json``
@@ -149,6 +153,14 @@ def _check_model(name: str, record: dict, bundle: str, args: argparse.Namespace)
             torch.cuda.synchronize()
             row["device_mb"] = round((free_before - torch.cuda.mem_get_info()[0]) / 2**20, 1)
             row["graph_regions"] = cuda_graph.status()  # decisions, times, capture memory
+            if vname in args.kernels and variant.get("kernel_signatures"):
+                import tvm
+
+                from plus_tvm.kernel_timing import time_kernels
+
+                row["kernel_ms"] = time_kernels(
+                    compiled.executable, variant["kernel_signatures"], tvm.cuda(0), 3, 0
+                )
             del compiled, prepared
         except Exception as err:  # noqa: BLE001 - a failing variant is reported, the rest go on
             row["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}"
@@ -221,6 +233,23 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def kernel_table(results: dict, a: str, b: str, top: int = 8) -> str:
+    """Per model, the ``top`` kernels by time under variant ``a`` with their time under ``b``
+    (same kernel name: same fusion, another schedule), and the totals."""
+    rows = [f"| model | kernel | {a} ms | {b} ms | {a} / {b} |", "|---|---|---:|---:|---:|"]
+    for name, res in results["models"].items():
+        va = res.get("variants", {}).get(a, {}).get("kernel_ms") or {}
+        vb = res.get("variants", {}).get(b, {}).get("kernel_ms") or {}
+        both = sorted(set(va) & set(vb), key=lambda k: -va[k])
+        if not both:
+            continue
+        for k in both[:top]:
+            rows.append(f"| {name} | {k} | {va[k]:.4f} | {vb[k]:.4f} | {_ratio(vb[k], va[k])} |")
+        ta, tb = sum(va[k] for k in both), sum(vb[k] for k in both)
+        rows.append(f"| {name} | all {len(both)} | {ta:.4f} | {tb:.4f} | {_ratio(tb, ta)} |")
+    return "\n".join(rows)
+
+
 def _num(x: float | None) -> str:
     return f"{x:.3f}" if x is not None else "-"
 
@@ -242,8 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for everything")
+    parser.add_argument(
+        "--kernels",
+        default="",
+        help="variants whose TIR kernels are also timed one by one (comma-separated); the "
+        "first two are compared kernel by kernel in OUT/kernels.md",
+    )
     args = parser.parse_args(argv)
     args.peers = [p for p in args.peers.split(",") if p]
+    args.kernels = [v for v in args.kernels.split(",") if v]
     bad = [p for p in args.peers if p not in PEERS]
     if bad:
         print(f"gpu_check: unknown peer(s) {bad}; known: {', '.join(PEERS)}", file=sys.stderr)
@@ -303,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     text = table(results)
     with open(os.path.join(args.out, "gpu_check.md"), "w") as f:
         f.write(text + "\n")
+    if len(args.kernels) >= 2:
+        with open(os.path.join(args.out, "kernels.md"), "w") as f:
+            f.write(kernel_table(results, args.kernels[0], args.kernels[1]) + "\n")
     print(text)
     failed = [
         n
