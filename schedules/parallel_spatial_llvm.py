@@ -4,10 +4,14 @@ A fused kernel that GIR declines (a tiny contraction in front of a large element
 squeeze-excite's expand convolution + sigmoid fused into the multiply that scales the
 activation) would otherwise run every loop nest serially and unvectorized: 0.35 ms for the
 112x112x32 scale of EfficientNet-B0's first block, where the same multiply scheduled takes
-0.03 ms. This rule leaves every block's order and buffers as they are (no inlining, so no value
-is recomputed) and only changes how the large spatial blocks iterate: their leading loops are
-fused into one ``parallel`` loop over TVM's pool and, where the innermost loop's extent is a
-multiple of the vector width, that loop is split and vectorized. Reductions, small blocks
+0.03 ms. First, blocks that only move data (a reshape, transpose, slice, concatenation or
+negation: loads with at most ``MOVE_OPS`` cheap operations, every consumer data-parallel) are
+inlined into their consumers, so that a chain like LLaMA's rotary embedding (reshape, transpose,
+two slices, negate, concatenate, two multiplies and an add: nine full-size buffers) reads its
+input once and writes its output once; nothing costly is recomputed. Then the large spatial
+blocks iterate in parallel: their leading loops are fused into one ``parallel`` loop over TVM's
+pool and, where the innermost loop's extent is a multiple of the vector width, that loop is
+split and vectorized. Reductions, small blocks
 (below ``min_elements``) and already-scheduled kernels are left alone; a kernel with no large
 spatial block is declined (``None``).
 """
@@ -18,8 +22,13 @@ import math
 
 import tvm
 from plus_tvm.errors import TVM_REFUSAL
+from plus_tvm.tir_blocks import BlockInfo, count_ops
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
+
+# at most this many cheap operations (a negation, a select of a concatenation) per element in a
+# block that counts as moving data; anything transcendental never does
+MOVE_OPS = 2
 
 
 class ParallelSpatialLLVM(ScheduleRule):
@@ -52,7 +61,9 @@ class ParallelSpatialLLVM(ScheduleRule):
             blocks = sch.get_child_blocks(sch.get_sblock("root"))
         except TVM_REFUSAL:  # opaque functions are not ours to schedule
             return None, "no schedulable root block (opaque code)"
-        changed = False
+        if self._inline_data_movement(sch, blocks):
+            blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        changed = False  # a large block runs parallel (inlining alone does not make it ours)
         for brv in blocks:
             try:
                 changed |= self._schedule_block(sch, brv)
@@ -64,6 +75,24 @@ class ParallelSpatialLLVM(ScheduleRule):
             f"no data-parallel block with a static loop nest of {self.min_elements} elements "
             "or more (reductions keep their order)"
         )
+
+    @staticmethod
+    def _inline_data_movement(sch: s_tir.Schedule, blocks: list) -> bool:
+        """Inline every block that only moves data into its consumers (module docstring)."""
+        inlined = False
+        for brv in blocks:
+            block = sch.get(brv)
+            if not _moves_data(block):
+                continue
+            try:
+                consumers = sch.get_consumers(brv)
+                if not consumers or not all(_spatial(sch.get(c)) for c in consumers):
+                    continue
+                sch.compute_inline(brv)  # refused for a block writing an output
+                inlined = True
+            except TVM_REFUSAL:
+                continue
+        return inlined
 
     def _schedule_block(self, sch: s_tir.Schedule, brv: object) -> bool:
         block = sch.get(brv)
@@ -93,3 +122,19 @@ class ParallelSpatialLLVM(ScheduleRule):
             _, inner = sch.split(loops[-1], [None, self.lanes])
             sch.vectorize(inner)
         return True
+
+
+def _spatial(block: object) -> bool:
+    return block.init is None and all(int(iv.iter_type) == 0 for iv in block.iter_vars)
+
+
+def _moves_data(block: object) -> bool:
+    """A spatial block with one store whose value is loads and at most ``MOVE_OPS`` cheap
+    operations (reshape, transpose, slice, concatenate, negate, cast)."""
+    if not _spatial(block) or block.alloc_buffers or block.match_buffers:
+        return False
+    info = BlockInfo(block)
+    if len(info.stores) != 1:
+        return False
+    ops, transcendental = count_ops(info.stores[0].value, indices=False)
+    return transcendental == 0 and ops <= MOVE_OPS

@@ -110,3 +110,104 @@ def test_declines_other_targets_and_symbolic_sizes(llvm):
             bb.emit_func_output(out)
 
     assert ParallelSpatialLLVM().apply(_fused(llvm, build), llvm, False) is None
+
+
+def _rotary(heads: int, seq: int, dim: int):
+    """LLaMA's rotary embedding on a projection: reshape, transpose, x * cos + rotate_half(x) *
+    sin with rotate_half = concat(-x[..., d/2:], x[..., :d/2])."""
+    half = dim // 2
+
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((seq, heads * dim), "float32"))
+        cos = relax.Var("cos", relax.TensorType((1, 1, seq, dim), "float32"))
+        sin = relax.Var("sin", relax.TensorType((1, 1, seq, dim), "float32"))
+        with bb.function("main", [x, cos, sin]):
+            with bb.dataflow():
+                q = bb.emit(relax.op.reshape(x, (1, seq, heads, dim)))
+                q = bb.emit(relax.op.permute_dims(q, [0, 2, 1, 3]))
+                lo = bb.emit(relax.op.strided_slice(q, axes=[3], begin=[0], end=[half]))
+                hi = bb.emit(relax.op.strided_slice(q, axes=[3], begin=[half], end=[dim]))
+                rot = bb.emit(relax.op.concat([relax.op.negative(hi), lo], axis=3))
+                out = bb.emit_output(
+                    relax.op.add(relax.op.multiply(q, cos), relax.op.multiply(rot, sin))
+                )
+            bb.emit_func_output(out)
+
+    return build
+
+
+def test_data_movement_is_inlined_and_nothing_costly_is_recomputed(llvm):
+    """The rotary chain's nine full-size buffers become at most one: reshape, transpose, slices,
+    negate and concatenate are inlined into their data-parallel consumers; the result equals the
+    unscheduled kernel."""
+    func = _fused(llvm, _rotary(8, 128, 64))
+    plain = s_tir.Schedule(func)
+    assert len(plain.get(plain.get_sblock("root")).alloc_buffers) >= 6
+    sch = ParallelSpatialLLVM().apply(func, llvm, False)
+    root = sch.get(sch.get_sblock("root"))
+    assert len(root.alloc_buffers) <= 1
+    _check(func, llvm, sch)
+
+
+def test_a_transcendental_producer_is_not_inlined(llvm):
+    """exp(x) read by two consumers stays one buffer: inlining would compute it twice."""
+
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((256, 256), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                e = bb.emit(relax.op.exp(x))
+                t = bb.emit(relax.op.permute_dims(e, [1, 0]))
+                out = bb.emit_output(relax.op.add(relax.op.multiply(e, t), e))
+            bb.emit_func_output(out)
+
+    func = _fused(llvm, build)
+    sch = ParallelSpatialLLVM().apply(func, llvm, False)
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert any(n.startswith("compute") or "exp" in n for n in names), names
+    _check(func, llvm, sch)
+
+
+def _movement_chain(seed: int):
+    """A random chain of data movement (transposes, reshapes, half swaps with a negation: the
+    rotary pattern's pieces) between element-wise operations, 32768 elements throughout."""
+    rng = np.random.default_rng(seed)
+    shapes = [(16, 32, 64), (32, 16, 64), (64, 32, 16), (8, 64, 64), (32, 32, 32)]
+
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((16, 32, 64), "float32"))
+        y = relax.Var("y", relax.TensorType((16, 32, 64), "float32"))
+        with bb.function("main", [x, y]):
+            with bb.dataflow():
+                cur = bb.emit(relax.op.multiply(x, relax.const(1.5, "float32")))
+                for _ in range(int(rng.integers(3, 7))):
+                    kind = rng.choice(["transpose", "reshape", "swap", "negate"])
+                    shape = [int(d) for d in cur.ty.shape]
+                    if kind == "transpose":
+                        cur = bb.emit(relax.op.permute_dims(cur, list(rng.permutation(3))))
+                    elif kind == "reshape":
+                        target = shapes[int(rng.integers(len(shapes)))]
+                        cur = bb.emit(relax.op.reshape(cur, target))
+                    elif kind == "swap":
+                        axis = int(rng.integers(3))
+                        half = shape[axis] // 2
+                        lo = relax.op.strided_slice(cur, axes=[axis], begin=[0], end=[half])
+                        hi = relax.op.strided_slice(
+                            cur, axes=[axis], begin=[half], end=[shape[axis]]
+                        )
+                        cur = bb.emit(relax.op.concat([relax.op.negative(hi), lo], axis=axis))
+                    else:
+                        cur = bb.emit(relax.op.negative(cur))
+                cur = bb.emit(relax.op.reshape(cur, (16, 32, 64)))
+                out = bb.emit_output(relax.op.add(relax.op.multiply(cur, y), cur))
+            bb.emit_func_output(out)
+
+    return build
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_movement_chains_equal_the_unscheduled_kernel(seed, llvm):
+    func = _fused(llvm, _movement_chain(seed))
+    sch = ParallelSpatialLLVM().apply(func, llvm, False)
+    assert sch is not None  # 32768-element blocks: always large enough
+    _check(func, llvm, sch)

@@ -177,8 +177,10 @@ def expr_ops(expr: tvm.ir.Expr) -> list[str]:
     return names
 
 
-def count_ops(expr: tvm.ir.Expr) -> tuple[int, int]:
-    """Arithmetic operations and calls of a value, and how many of them are transcendental."""
+def count_ops(expr: tvm.ir.Expr, *, indices: bool = True) -> tuple[int, int]:
+    """Arithmetic operations and calls of a value, and how many of them are transcendental;
+    with ``indices=False`` the index arithmetic inside loads is not counted (what the value
+    computes, not where it reads)."""
     flops, trans = [0], [0]
 
     def visit(node: object) -> None:
@@ -189,8 +191,25 @@ def count_ops(expr: tvm.ir.Expr) -> tuple[int, int]:
         elif isinstance(node, _ARITHMETIC):
             flops[0] += 1
 
-    walk_expr(expr, visit)
+    if indices:
+        walk_expr(expr, visit)
+    else:
+        _walk_value(expr, visit)
     return flops[0], trans[0]
+
+
+def _walk_value(expr: object, visit) -> None:  # noqa: ANN001
+    """Pre-order over a value's operands, not into loads (their indices are addresses)."""
+    visit(expr)
+    if isinstance(expr, Load):
+        return
+    for name in _OPERANDS:
+        child = getattr(expr, name, None)
+        if isinstance(child, tvm.ir.Expr):
+            _walk_value(child, visit)
+    for child in getattr(expr, "args", None) or ():
+        if isinstance(child, tvm.ir.Expr):
+            _walk_value(child, visit)
 
 
 def _is_product(mul: tvm.ir.Expr) -> bool:
