@@ -27,13 +27,15 @@ _BUILTINS = (TVM_RUN_OR_CAPTURE, PLUS_RUN_OR_CAPTURE)
 @dataclass(frozen=True)
 class CaptureCall:
     """One capture call: the builtin it names, the capture function, its argument tuple, the
-    region index and the optional shape of captured symbolic sizes."""
+    region index, the optional shape of captured symbolic sizes, and the flags
+    ``RouteCUDAGraphRuntime`` wrote (0 for TVM's builtin)."""
 
     builtin: str
     region: tvm.ir.GlobalVar
     args: relax.Tuple
     index: relax.Expr
     shape: relax.Expr | None
+    flags: int = 0
 
 
 def capture_call(value: relax.Expr) -> CaptureCall | None:
@@ -50,7 +52,8 @@ def capture_call(value: relax.Expr) -> CaptureCall | None:
         return None
     name = str(builtin.global_symbol)
     extra = fields[3:] if name == TVM_RUN_OR_CAPTURE else fields[6:]
-    return CaptureCall(name, fields[0], fields[1], fields[2], extra[0] if extra else None)
+    flags = int(fields[5].value) if name == PLUS_RUN_OR_CAPTURE and len(fields) > 5 else 0
+    return CaptureCall(name, fields[0], fields[1], fields[2], extra[0] if extra else None, flags)
 
 
 def bindings(func: relax.Function) -> list[relax.Binding]:

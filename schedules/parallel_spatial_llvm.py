@@ -11,9 +11,8 @@ two slices, negate, concatenate, two multiplies and an add: nine full-size buffe
 input once and writes its output once; nothing costly is recomputed. Then the large spatial
 blocks iterate in parallel: their leading loops are fused into one ``parallel`` loop over TVM's
 pool and, where the innermost loop's extent is a multiple of the vector width, that loop is
-split and vectorized. Reductions, small blocks
-(below ``min_elements``) and already-scheduled kernels are left alone; a kernel with no large
-spatial block is declined (``None``).
+split and vectorized. Reductions, small blocks (below ``min_elements``) and already-scheduled
+kernels are left alone; a kernel with no large spatial block is declined (``None``).
 """
 
 from __future__ import annotations
@@ -96,7 +95,7 @@ class ParallelSpatialLLVM(ScheduleRule):
 
     def _schedule_block(self, sch: s_tir.Schedule, brv: object) -> bool:
         block = sch.get(brv)
-        if block.init is not None or any(int(iv.iter_type) != 0 for iv in block.iter_vars):
+        if not _spatial(block):
             return False  # reductions (and opaque iterators) keep their order
         loops = sch.get_loops(brv)
         if not loops or len(loops) != len(block.iter_vars):
@@ -125,6 +124,7 @@ class ParallelSpatialLLVM(ScheduleRule):
 
 
 def _spatial(block: object) -> bool:
+    """Every iterator data-parallel and no init (not a reduction, no ordered iterator)."""
     return block.init is None and all(int(iv.iter_type) == 0 for iv in block.iter_vars)
 
 

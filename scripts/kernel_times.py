@@ -20,29 +20,23 @@ import numpy as np
 import plus_tvm
 import tvm
 from plus_tvm.compiler import pre_lowering
-from plus_tvm.kernel_timing import launches, random_args, signature
+from plus_tvm.kernel_timing import random_args, signatures
 from plus_tvm.loader import load_model
 from plus_tvm.target import resolve_target
-from tvm import tirx
 
 
 def kernel_times(mod: tvm.IRModule, target, repeat: int) -> dict[str, float]:
-    """Milliseconds per inference spent in each PrimFunc of ``mod`` (called name -> ms)."""
+    """Milliseconds per inference spent in each PrimFunc of ``mod`` (called name -> ms;
+    kernels of symbolic shape skipped)."""
     dev = tvm.cpu()
     rng = np.random.default_rng(0)
-    counts = launches(mod)
     out = {}
-    for gv, fn in mod.functions.items():
-        name = gv.name_hint
-        if not isinstance(fn, tirx.PrimFunc) or name not in counts:
-            continue
-        sig = signature(fn)
-        if sig is None:
-            continue  # symbolic: skipped
-        args = random_args(sig, dev, rng)
-        lib = tvm.compile(tvm.IRModule({"main": fn.with_attr("global_symbol", "main")}), target)
+    for name, entry in signatures(mod).items():
+        args = random_args(entry["args"], dev, rng)
+        fn = mod[name].with_attr("global_symbol", "main")
+        lib = tvm.compile(tvm.IRModule({"main": fn}), target)
         t = lib.jit().time_evaluator("main", dev, number=5, repeat=repeat, min_repeat_ms=20)(*args)
-        out[name] = float(np.median(t.results)) * 1e3 * counts[name]
+        out[name] = float(np.median(t.results)) * 1e3 * entry["launches"]
     return out
 
 

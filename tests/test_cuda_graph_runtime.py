@@ -277,11 +277,8 @@ def _resnet(own_storage: bool = True, flags_only: bool = False):
 
 
 def _flags(final) -> list[int]:
-    return [
-        int(b.value.args[1].fields[5].value)
-        for b in bindings(final["main"])
-        if capture_call(b.value) is not None
-    ]
+    calls = [capture_call(b.value) for b in bindings(final["main"])]
+    return [c.flags for c in calls if c is not None]
 
 
 def _check_resnet(model, inputs, weights, executable, runtime_fn, seeds=(0, 1), fail_first=False):
@@ -335,6 +332,15 @@ def test_a_region_that_overwrites_its_input_is_flagged_and_never_run_twice():
     _check_resnet(model, inputs, weights, executable, rt, seeds=(0, 1, 2), fail_first=True)
     (state,) = rt.status()
     assert state["decision"] == "failed" and state["calls"] == 3
+
+
+def test_the_report_names_the_flagged_regions():
+    """stats["cuda_graph"]["not_rerun_safe"] reads the flag RouteCUDAGraphRuntime wrote."""
+    from plus_tvm.cuda_graph_report import _analyse
+
+    shared = _analyse(_resnet(own_storage=False, flags_only=True), "always")
+    assert shared["not_rerun_safe"] == ["main_cuda_graph_capture"]
+    assert _analyse(_resnet(flags_only=True), "always")["not_rerun_safe"] == []
 
 
 def test_the_rerun_hazard_is_real_without_the_flag():

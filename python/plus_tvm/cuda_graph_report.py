@@ -19,7 +19,7 @@ itself gets a reason:
 ``bytes_staged_per_replay`` is what the staging copies move per run (inputs and outputs);
 ``graph_memory_bytes`` the static buffers the regions' graphs hold (planned storage the graphs
 replay into; the memory a capture takes on the GPU is in ``plus_tvm.runtime.cuda_graph.status``).
-``not_rerun_safe`` names the regions that may overwrite a tensor they read (``rerun_safe``): a
+``not_rerun_safe`` names the regions flagged as overwriting a tensor they read (``rerun_safe``): a
 capture failing there fails its call (later calls run without the graph). Weights are static
 arguments of the graphs (``num_input``): never copied on replay.
 The plan reported is the one this build's mode makes (``cuda_graph=off`` reports the ``auto``
@@ -33,7 +33,7 @@ from tvm import relax
 
 from .frontend import num_inputs
 from .options import Options
-from .passes._capture_calls import bindings, capture_call, rerun_safe
+from .passes._capture_calls import bindings, capture_call
 from .passes._graph_staging import (
     STAGE_PREFIX,
     is_kernel_call,
@@ -41,6 +41,7 @@ from .passes._graph_staging import (
     static_shape,
     tensor_bytes,
 )
+from .runtime.cuda_graph import FLAG_NO_RERUN
 
 GET_CACHED_ALLOC = "vm.builtin.cuda_graph.get_cached_alloc"
 NOT_WORTH = "not worth a graph (estimate)"
@@ -93,7 +94,7 @@ def _analyse(mod: tvm.IRModule, mode: str) -> dict[str, object]:
         region = capture.region if capture is not None else None
         if region is not None:
             regions.append(region.name_hint)
-            if not rerun_safe(mod, main, capture):
+            if capture.flags & FLAG_NO_RERUN:  # RouteCUDAGraphRuntime's rerun_safe verdict
                 unsafe.append(region.name_hint)
             for inner in bindings(mod[region]):
                 if is_kernel_call(inner.value, mod) or is_library_call(inner.value):

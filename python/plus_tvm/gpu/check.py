@@ -8,8 +8,8 @@ and then for every compiled variant:
   that ``cuda_graph=auto``'s calls without a graph, its capturing call and its replays are all
   checked), against torch eager on the GPU, both in strict float32 (TF32 off for cuBLAS and
   cuDNN: the library kernels run through torch in this process and follow the same switches),
-  and that three different inputs give three
-  different outputs (a stale CUDA-graph replay would not); NaN in an output is an error;
+  and that three different inputs give three different outputs (a stale CUDA-graph replay
+  would not); NaN in an output is an error;
 - **times** it: inputs placed once, warm-up runs, then timed runs each ending with a device
   synchronisation (median and minimum, ms); the device memory the process holds after warm-up
   beyond what it held before the load (weights, workspace, captured graphs).
@@ -159,7 +159,11 @@ def _check_model(name: str, record: dict, bundle: str, args: argparse.Namespace)
                 from plus_tvm.kernel_timing import time_kernels
 
                 row["kernel_ms"] = time_kernels(
-                    compiled.executable, variant["kernel_signatures"], tvm.cuda(0), 3, 0
+                    compiled.executable,
+                    variant["kernel_signatures"],
+                    tvm.cuda(0),
+                    repeat=3,
+                    min_repeat_ms=0,
                 )
             del compiled, prepared
         except Exception as err:  # noqa: BLE001 - a failing variant is reported, the rest go on

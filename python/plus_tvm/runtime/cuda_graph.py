@@ -192,9 +192,9 @@ class GraphRuntime:
         with self._lock:
             state = self._regions.get(state_key)
             if state is None:
-                state = self._regions[state_key] = RegionState(name=str(name))
+                rerun = not int(flags) & FLAG_NO_RERUN  # the same on every call of the region
+                state = self._regions[state_key] = RegionState(name=str(name), rerun=rerun)
             state.calls += 1
-            state.rerun = not int(flags) & FLAG_NO_RERUN
         measure = bool(int(flags) & FLAG_MEASURE)
         if not state.decision:
             with self._lock:  # undecided: one thread at a time captures or measures
