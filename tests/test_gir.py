@@ -370,3 +370,8 @@ def test_fast_math_accuracy(name, fn, ref, lo, hi, tol, llvm):
     want = ref(x.astype("float64")) if ref else np.array([math.erf(v) for v in x.astype(float)])
     rel = np.abs(ys.numpy() - want) / np.maximum(np.abs(want), 1e-30 if name == "exp" else 1.0)
     assert rel.max() < tol, name
+    # NaN in, NaN out, by the clamp itself (PropagateNaN need not rewrite it)
+    x[::7] = np.nan
+    f["main"](tvm.runtime.tensor(x), ys)
+    got = ys.numpy()
+    assert np.isnan(got[::7]).all() and not np.isnan(np.delete(got, np.s_[::7])).any(), name

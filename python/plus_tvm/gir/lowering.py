@@ -40,8 +40,22 @@ def _f32(v: float) -> tirx.FloatImm:
     return tirx.FloatImm("float32", v)
 
 
+def _clamp(
+    x: tvm.ir.Expr, low: float, high: float, var: tirx.Var, body: tvm.ir.Expr
+) -> tvm.ir.Expr:
+    """``Let var = clamp(x, low, high) in body``, where a NaN ``x`` stays NaN: two ordered
+    compares that are both false for NaN, rather than ``max`` / ``min`` (TVM's drop a NaN, and
+    ``PropagateNaN``'s rewrite of them, nested in every inlined ``exp``, grows a fused chain's
+    expression until TVM's simplifier takes minutes on it)."""
+    given = tirx.Var(f"{var.name}_in", "float32")
+    lo, hi = _f32(low), _f32(high)
+    clamped = tirx.Select(given < lo, lo, tirx.Select(given > hi, hi, given))
+    return tirx.Let(given, x, tirx.Let(var, clamped, body))
+
+
 def fast_exp(x: tvm.ir.Expr) -> tvm.ir.Expr:
-    """``exp(x)`` for float32 from vectorizable arithmetic (``Let``-bound, no duplication)."""
+    """``exp(x)`` for float32 from vectorizable arithmetic (``Let``-bound, no duplication;
+    NaN in, NaN out)."""
     xv, nv, rv = (tirx.Var(name, "float32") for name in ("exp_x", "exp_n", "exp_r"))
     p = _f32(1.9875691500e-4)
     for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
@@ -51,8 +65,7 @@ def fast_exp(x: tvm.ir.Expr) -> tvm.ir.Expr:
     two_n = tirx.reinterpret("float32", tirx.LShift(bits, tirx.IntImm("int32", 23)))
     body = tirx.Let(rv, xv - nv * _f32(0.693359375) - nv * _f32(-2.12194440e-4), y * two_n)
     body = tirx.Let(nv, tirx.floor(xv * _f32(1.44269504088896341) + _f32(0.5)), body)
-    clamped = tirx.Max(tirx.Min(x, _f32(88.3762626647950)), _f32(-88.3762626647949))
-    return tirx.Let(xv, clamped, body)
+    return _clamp(x, -88.3762626647949, 88.3762626647950, xv, body)
 
 
 def fast_erf(x: tvm.ir.Expr) -> tvm.ir.Expr:
@@ -77,7 +90,7 @@ def fast_erf(x: tvm.ir.Expr) -> tvm.ir.Expr:
     ):
         q = x2 * q + _f32(c)
     body = tirx.Let(x2, xv * xv, xv * p / q)
-    return tirx.Let(xv, tirx.Max(tirx.Min(x, _f32(4.0)), _f32(-4.0)), body)
+    return _clamp(x, -4.0, 4.0, xv, body)
 
 
 def fast_tanh(x: tvm.ir.Expr) -> tvm.ir.Expr:
