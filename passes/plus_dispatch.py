@@ -20,7 +20,16 @@ from collections import Counter
 import tvm
 from tvm import relax
 
-from ..costmodel import DispatchCost, predict_library_us, predict_tir_us, size_value, work_of
+from ..costmodel import (
+    DispatchCost,
+    LearnedDispatchCost,
+    predict_library_us,
+    predict_tir_us,
+    size_value,
+    work_of,
+)
+from ..costmodel.dispatch_cost import analytic_ratio
+from ..costmodel.features import KernelContext, choice_features, library_features, tir_features
 from ..dispatch.binders import BINDERS, Ctx, LibraryCall
 from ..dispatch.identify import Identifier
 from ..dispatch.opgraph import OpGraph
@@ -39,11 +48,17 @@ class PlusDispatch:
         Entries to match; default: ``load_warehouse(extra_dirs)``.
     extra_dirs : tuple of str
         User entry folders (``Options.warehouse``).
-    cost : DispatchCost or None
-        Throughputs for the library-vs-TIR choice; ``None`` always takes the library.
+    cost : DispatchCost, LearnedDispatchCost or None
+        Prices of the library-vs-TIR choice (constants, or a learned model's kernel times);
+        ``None`` always takes the library.
     propagate_nan : bool
         Library activations must return NaN for NaN (``Options.propagate_nan``); off lets a
         library drop it where that is faster.
+    machine : costmodel.features.KernelContext or None
+        Where the kernels run, as the learned model's vectors say it (each library call made
+        is recorded with its vector and its subgraph's TIR vectors, ``stats["dispatch"]
+        ["calls"]``, which ``plus-tvm calibrate`` learns from); required by a
+        ``LearnedDispatchCost``.
     """
 
     def __init__(
@@ -52,11 +67,13 @@ class PlusDispatch:
         extra_dirs: tuple[str, ...] = (),
         cost=DispatchCost(),  # noqa: ANN001, B008
         propagate_nan: bool = True,
+        machine: KernelContext | None = None,
     ):
         self.warehouse = warehouse
         self.extra_dirs = tuple(extra_dirs)
         self.cost = cost
         self.propagate_nan = propagate_nan
+        self.machine = machine
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         from ..pattern_warehouse import load_warehouse
@@ -71,7 +88,15 @@ class PlusDispatch:
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function) and not _is_primitive(func):
                 new = _rewrite_function(
-                    func, mod, warehouse, kind, self.cost, report, cache, self.propagate_nan
+                    func,
+                    mod,
+                    warehouse,
+                    kind,
+                    self.cost,
+                    report,
+                    cache,
+                    self.propagate_nan,
+                    self.machine,
                 )
                 if new is not func:
                     changed = True
@@ -92,6 +117,25 @@ class _Report:
         self.library: Counter = Counter()  # entry -> library calls
         self.chosen: dict[str, Counter] = {}
         self.declined: Counter = Counter()
+        # each priced choice: entry, kernel, predicted library and TIR microseconds, the model
+        self.decisions: list[dict] = []
+        # each library call made, with the learned cost model's vector of it (calibration
+        # times the calls and learns from these)
+        self.calls: list[dict] = []
+
+    def decide(
+        self, entry: str, kernel: str, library_us: float, tir_us: float, how: str, pays: bool
+    ) -> None:  # noqa: PLR0913
+        self.decisions.append(
+            {
+                "entry": entry,
+                "kernel": kernel,
+                "library_us": round(library_us, 2),
+                "tir_us": round(tir_us, 2),
+                "model": how,
+                "chosen": "library" if pays else "tir",
+            }
+        )
 
     def to_json(self) -> str:
         return json.dumps(
@@ -100,6 +144,8 @@ class _Report:
                 "library": dict(self.library),
                 "implementations": {k: dict(v) for k, v in self.chosen.items()},
                 "declined": dict(self.declined),
+                "decisions": self.decisions,
+                "calls": self.calls,
             },
             sort_keys=True,
         )
@@ -116,10 +162,11 @@ def _weights(func: relax.Function) -> set[int]:
     return {p.id_ for p in list(func.params)[int(num_input) :]}
 
 
-def _rewrite_function(func, mod, warehouse, kind, cost, report, cache, nan):  # noqa: ANN001, ANN202
+def _rewrite_function(func, mod, warehouse, kind, cost, report, cache, nan, machine):  # noqa: ANN001, ANN202, PLR0913
     weights = _weights(func)
-    if cost is not None:  # symbolic sizes priced at the middle of their declared range
-        cost = cost.at_sizes(typical_sizes(func))
+    sizes = typical_sizes(func)  # symbolic sizes priced at the middle of their declared range
+    if cost is not None:
+        cost = cost.at_sizes(sizes)
     body = func.body
     if not isinstance(body, relax.SeqExpr):
         return func
@@ -127,7 +174,9 @@ def _rewrite_function(func, mod, warehouse, kind, cost, report, cache, nan):  # 
     changed = False
     for block in body.blocks:
         if isinstance(block, relax.DataflowBlock):
-            new = _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, nan)
+            new = _rewrite_block(
+                block, mod, warehouse, kind, cost, report, cache, weights, nan, sizes, machine
+            )
             changed |= new is not block
             block = new
         blocks.append(block)
@@ -138,7 +187,7 @@ def _rewrite_function(func, mod, warehouse, kind, cost, report, cache, nan):  # 
     )
 
 
-def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, nan):  # noqa: ANN001, ANN202, PLR0913
+def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, nan, sizes, machine):  # noqa: ANN001, ANN202, PLR0913
     graph = OpGraph(block, mod, cache)
     calls: dict[int, LibraryCall] = {}
     absorbed: set[int] = set()
@@ -155,7 +204,7 @@ def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, na
                 report.matched[match.entries[0].name] += 1
             for state in (match, *match.fallbacks):
                 ctx = Ctx(graph, state.members, weights, taken=absorbed, propagate_nan=nan)
-                chosen = _choose(state, ctx, graph, kind, cost, report)
+                chosen = _choose(state, ctx, graph, kind, cost, report, machine)
                 if chosen is not None:
                     break
             if chosen is None or chosen[2].final in calls:
@@ -165,6 +214,15 @@ def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, na
             seen.add(chosen[2].final)
             entry, impl, call = chosen
             calls[call.final] = call
+            if machine is not None:
+                report.calls.append(
+                    {
+                        "entry": entry.name,
+                        "kernel": call.kernel,
+                        "features": call_features(call, state, graph, sizes, kind, machine),
+                        "tir": member_features(state, graph, sizes, machine),
+                    }
+                )
             absorbed.update(call.absorbed)
             new_calls += 1
             report.library[entry.name] += 1
@@ -221,7 +279,7 @@ def _defined_before(graph: OpGraph, expr: relax.Expr, position: int) -> bool:
     return index is None or index < position
 
 
-def _choose(match, ctx, graph, kind, cost, report):  # noqa: ANN001, ANN202
+def _choose(match, ctx, graph, kind, cost, report, machine):  # noqa: ANN001, ANN202
     # the data's dtypes: a predicate inside the subgraph (a mask's condition) is bool
     dtypes = {str(graph.nodes[i].var.ty.dtype) for i in match.members} - {"bool"}
     for entry in match.entries:
@@ -237,18 +295,115 @@ def _choose(match, ctx, graph, kind, cost, report):  # noqa: ANN001, ANN202
             if call is None:
                 report.declined[f"{entry.name}: {impl.name} cannot express it"] += 1
                 continue
-            if cost is not None and not _library_pays(call, match, cost, kind):
+            if cost is not None and not _library_pays(
+                call, match, graph, cost, kind, report, machine
+            ):
                 report.declined[f"{entry.name}: TIR predicted faster"] += 1
                 return None
             return entry, impl, call
     return None
 
 
-def _library_pays(call: LibraryCall, match, cost: DispatchCost, kind: str) -> bool:  # noqa: ANN001
+def _library_pays(call: LibraryCall, match, graph, cost, kind: str, report, machine) -> bool:  # noqa: ANN001, PLR0913
+    """Whether the library call is predicted faster than the TIR of its subgraph; the
+    predicted times go to the report (``stats["dispatch"]["decisions"]``)."""
+    prices = None
+    if isinstance(cost, LearnedDispatchCost):
+        prices = _learned_prices(call, match, graph, cost, kind, machine)
+    if prices is None:
+        fallback = cost.fallback if isinstance(cost, LearnedDispatchCost) else cost
+        prices = _analytic_prices(call, match, fallback, kind)
+    if prices is None:
+        return True  # symbolic sizes without a declared range: sized at run time, assume large
+    library_us, tir_us, how = prices
+    pays = library_us < tir_us
+    report.decide(match.entries[0].name, call.kernel, library_us, tir_us, how, pays)
+    return pays
+
+
+def _operand_shapes(call: LibraryCall, graph, sizes: dict) -> tuple | None:  # noqa: ANN001
+    """(shape, dtype) of each tensor operand and of the output, sizes put in; None when a size
+    stays symbolic."""
+
+    def static(ty) -> tuple[list[int], str] | None:  # noqa: ANN001
+        dims = []
+        for d in ty.shape.values:
+            size = size_value(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d), sizes)
+            if size is None:
+                return None
+            dims.append(size)
+        return dims, str(ty.dtype)
+
+    inputs = []
+    for arg in call.args:
+        ty = arg.ty
+        if isinstance(ty, relax.TensorType) and ty.shape is not None:
+            shape = static(ty)
+            if shape is None:
+                return None
+            inputs.append(shape)
+    out_ty = graph.nodes[call.final].var.ty
+    if not isinstance(out_ty, relax.TensorType) or out_ty.shape is None:
+        return None
+    out = static(out_ty)
+    return None if out is None else (inputs, out)
+
+
+def call_features(call: LibraryCall, match, graph, sizes: dict, kind: str, machine: KernelContext):  # noqa: ANN001, ANN201
+    """The learned model's vector of a library call (None: a size stays symbolic)."""
+    flops = work_of(match.graph, sizes)
+    shapes = _operand_shapes(call, graph, sizes)
+    if flops is None or shapes is None:
+        return None
+    native = kind == "llvm" and runs_natively(call.kernel, call.config)
+    return library_features(
+        call.kernel, flops, shapes[0], shapes[1], native=native, threads=machine.threads
+    )
+
+
+def member_features(match, graph, sizes: dict, machine: KernelContext):  # noqa: ANN001, ANN201
+    """The learned model's vectors of the subgraph's operators, each legalized alone: the TIR
+    the library call replaces (None: an operator has no PrimFunc, or a size stays symbolic)."""
+    vectors = []
+    for index in match.members:
+        func = graph.nodes[index].func
+        vector = None
+        if func is not None:
+            vector = tir_features(
+                func,
+                gir=machine.gir,
+                lanes=machine.lanes,
+                threads=machine.threads,
+                sizes=sizes,
+            )
+        if vector is None:
+            return None
+        vectors.append(vector)
+    return vectors
+
+
+def _learned_prices(call: LibraryCall, match, graph, cost: LearnedDispatchCost, kind: str, machine):  # noqa: ANN001, ANN202, PLR0913
+    if machine is None:
+        return None
+    sizes = dict(cost.sizes)
+    vector = call_features(call, match, graph, sizes, kind, machine)
+    kernels = member_features(match, graph, sizes, machine)
+    if vector is None or kernels is None:
+        return None
+    library_us = cost.model.predict_library_us([vector])[0]
+    gflops = library_gflops(call.kernel, kind, measure=False)
+    start = analytic_ratio(cost.fallback, vector, gflops)
+    ratio = cost.model.predict_ratio(choice_features(vector, kernels, start))
+    if ratio is None:
+        return library_us, cost.model.predict_subgraph_us(kernels), "learned"
+    return library_us, library_us * ratio, "learned"
+
+
+def _analytic_prices(call: LibraryCall, match, cost: DispatchCost, kind: str):  # noqa: ANN001, ANN202
     sizes = dict(cost.sizes)
     flops = work_of(match.graph, sizes)
     if flops is None:
-        return True  # symbolic sizes without a declared range: sized at run time, assume large
+        return None
     nbytes = 0.0
     for arg in call.args:
         ty = arg.ty
@@ -257,10 +412,10 @@ def _library_pays(call: LibraryCall, match, cost: DispatchCost, kind: str) -> bo
             for d in ty.shape.values:
                 size = size_value(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d), sizes)
                 if size is None:
-                    return True
+                    return None
                 n *= size
             nbytes += n * tvm.runtime.DataType(str(ty.dtype)).bits / 8
     native = kind == "llvm" and runs_natively(call.kernel, call.config)
     gflops = library_gflops(call.kernel, kind, measure=False)
     library_us = predict_library_us(cost, flops, nbytes, native, gflops)
-    return library_us < predict_tir_us(cost, flops, nbytes)
+    return library_us, predict_tir_us(cost, flops, nbytes), "analytic"

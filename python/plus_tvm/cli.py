@@ -106,6 +106,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write a PNG bar chart to this file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    p = sub.add_parser(
+        "calibrate",
+        help="time this machine's kernels and train the learned cost model (cost_model=learned)",
+    )
+    p.add_argument("--target", default="llvm", help="target (default llvm: this CPU)")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="model file to write (default: this machine's file in the user's cache, the one "
+        "cost_model=learned reads)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a few programs only (a smoke test, not a model)"
+    )
+    p.add_argument(
+        "--zoo",
+        default=None,
+        help="comma-separated zoo models whose tiny twins join the corpus (default: all ten; "
+        "'none' for none)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="draws the corpus' programs")
+    p.add_argument(
+        "--min-ms", type=float, default=20.0, help="milliseconds of runs per library timing"
+    )
+    p.add_argument("--records", help="also write the measurements (JSON) to this file")
+    p.add_argument("--json", action="store_true", help="print the model's summary as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     p = sub.add_parser("zoo", help="the model zoo")
     zsub = p.add_subparsers(dest="zoo_command", required=True)
     zl = zsub.add_parser("list", help="list zoo models")
@@ -394,6 +422,67 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from .costmodel.calibrate import ZOO, calibrate, write
+    from .costmodel.learned import user_path
+    from .gir.model import figures_key
+    from .target import resolve_target
+
+    target = resolve_target(args.target)
+    if args.zoo is None:
+        zoo = ZOO
+    elif args.zoo.strip().lower() == "none":
+        zoo = ()
+    else:
+        from . import zoo as zoo_models
+
+        zoo = tuple(n.strip().removeprefix("zoo:") for n in args.zoo.split(",") if n.strip())
+        for name in zoo:
+            zoo_models.get(name)  # an unknown name: UnknownModelError, exit 2
+    data, measured = calibrate(
+        target,
+        quick=args.quick,
+        zoo=zoo,
+        seed=args.seed,
+        progress=not args.no_progress,
+        min_ms=args.min_ms,
+    )
+    path = args.output or user_path(target.kind.name, figures_key(target))
+    _write(path, lambda p: write(data, p))
+    if args.records:
+        kept = {"records": measured.records, "pairs": measured.pairs, "seconds": measured.seconds}
+        _write(args.records, lambda p: _dump_json(kept, p))
+    summary = {
+        "model": path,
+        "samples": data["samples"],
+        "accuracy": data["accuracy"],
+        "calibrate_s": data["calibrate_s"],
+        "skipped": measured.skipped,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(f"wrote {path} ({data['calibrate_s']} s)")
+    print(
+        f"samples: {data['samples']['tir']} TIR kernels, {data['samples']['library']} library calls"
+    )
+    for part, acc in data["accuracy"].items():
+        if part.startswith("decisions"):
+            by = "the analytic constants" if part.endswith("analytic") else "the learned model"
+            print(
+                f"held-out library-vs-TIR choices by {by}: {acc['right']} of {acc['n']} right, "
+                f"{acc['regret'] * 100:.1f}% slower than the best choices"
+            )
+        else:
+            print(
+                f"held-out {part}: Spearman {acc['spearman']}, median relative error "
+                f"{acc['median_rel_err'] * 100:.0f}% ({acc['n']} kernels)"
+            )
+    for line in measured.skipped:
+        print(f"skipped {line}")
+    return 0
+
+
 def _cmd_zoo(args: argparse.Namespace) -> int:
     from . import zoo
 
@@ -477,6 +566,7 @@ COMMANDS = {
     "run": _cmd_run,
     "inspect": _cmd_inspect,
     "bench": _cmd_bench,
+    "calibrate": _cmd_calibrate,
     "zoo": _cmd_zoo,
     "warehouse": _cmd_warehouse,
 }

@@ -21,6 +21,7 @@ FUSION_RULES_CHOICES = ("mapping", "tvm")
 CUDA_GRAPH_CHOICES = ("auto", "off", "always")
 GIR_CHOICES = ("auto", "on", "off")
 CONV_LAYOUT_CHOICES = ("auto", "nchw", "nhwc")
+COST_MODEL_CHOICES = ("auto", "analytic", "learned")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,18 @@ class Options:
         Keep TIR for a matched subgraph when the cost model predicts it faster than the
         library call (tiny GEMMs and rows, where the VM -> library crossing dominates); off:
         every subgraph an implementation can express becomes a library call.
+    cost_model : {"auto", "analytic", "learned"}
+        What prices the library-vs-TIR choice: the roofline constants of
+        ``costmodel.DispatchCost``, or the xgboost kernel-time model ``plus-tvm calibrate``
+        trains on this machine (its predicted times per choice in ``stats["dispatch"]
+        ["decisions"]``); ``auto``: learned where this machine has been calibrated for the
+        target (a model in the user's cache), else analytic (resolved at compile time).
+    cost_model_file : str or None
+        The learned model's file; unset: this machine's calibration for the target kind in the
+        user's cache, else the model shipped with the package (resolved at compile time).
+    cost_model_id : str
+        Hash of the learned model's file, filled in at compile time (it enters
+        :meth:`digest`); empty with the analytic model.
     merge_linears : bool
         Phase 1, after dispatch: library linears on one input (Q/K/V, gate/up) become one GEMM
         over the joined weights (``MergeSiblingLinears``). Off by default: on the 2-core
@@ -124,6 +137,9 @@ class Options:
     fusion_explain: bool = False
     dispatch: bool = True
     dispatch_cost_model: bool = True
+    cost_model: str = "auto"
+    cost_model_file: str | None = None
+    cost_model_id: str = ""
     merge_linears: bool = False
     warehouse: tuple[str, ...] = field(default_factory=tuple)
     warehouse_env: tuple[str, ...] | None = None
@@ -147,6 +163,7 @@ class Options:
         _check_choice("fusion", self.fusion, FUSION_CHOICES)
         _check_choice("cuda_graph", self.cuda_graph, CUDA_GRAPH_CHOICES)
         _check_choice("conv_layout", self.conv_layout, CONV_LAYOUT_CHOICES)
+        _check_choice("cost_model", self.cost_model, COST_MODEL_CHOICES)
         gir = self.gir
         if isinstance(gir, bool):
             gir = "on" if gir else "off"

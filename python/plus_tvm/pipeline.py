@@ -117,13 +117,22 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
 
         # with GIR schedules the TIR side of memory-bound subgraphs runs near copy bandwidth
         cost = DispatchCost(tir_gbps=8.0 if options.gir_enabled(target) else 1.0)
+        if options.cost_model == "learned":
+            cost = _learned_cost(target, options, cost)
         cost = cost if options.dispatch_cost_model else None
         nan = options.propagate_nan
         # loaded here, not inside the pass: an error in a user's entry then reaches the caller
         # as the WarehouseError naming the file and line (TVM's pass manager would turn it
         # into a bare RuntimeError)
         warehouse = load_warehouse(options.warehouse, env_dirs=options.warehouse_env)
-        passes.append(PlusDispatch(warehouse=warehouse, cost=cost, propagate_nan=nan))
+        passes.append(
+            PlusDispatch(
+                warehouse=warehouse,
+                cost=cost,
+                propagate_nan=nan,
+                machine=_kernel_machine(target, options),
+            )
+        )
         if options.merge_linears:
             from .passes import MergeSiblingLinears
 
@@ -133,6 +142,39 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     # activation, and three identical reshapes became three outputs of the norm's kernel
     passes.append(relax.transform.EliminateCommonSubexpr())
     return passes + list(relax.pipeline.library_dispatch_passes(target))
+
+
+def _learned_cost(target: tvm.target.Target, options: Options, fallback):  # noqa: ANN001, ANN202
+    from .costmodel import LearnedDispatchCost
+    from .costmodel.learned import LearnedCostModel
+
+    model = LearnedCostModel.load(options.cost_model_file or _cost_model_path(target))
+    return LearnedDispatchCost(model, fallback=fallback)
+
+
+def _kernel_machine(target: tvm.target.Target, options: Options):  # noqa: ANN202
+    """Where the kernels run, as the learned cost model describes it."""
+    from .costmodel.features import KernelContext
+    from .gir.model import runtime_threads, target_lanes
+
+    threads = options.threads or runtime_threads()
+    return KernelContext(options.gir_enabled(target), target_lanes(target), threads)
+
+
+def _cost_model_path(target: tvm.target.Target) -> str:
+    """The learned model for ``target`` (:func:`plus_tvm.costmodel.learned.model_path`)."""
+    from .costmodel.learned import CostModelError, model_path
+    from .gir.model import figures_key
+
+    kind = target.kind.name
+    path = model_path(kind, figures_key(target))
+    if path is None:
+        raise CostModelError(
+            f"cost_model=learned: no cost model for target kind {kind!r} (none calibrated on "
+            f"this machine, none shipped); run `plus-tvm calibrate --target {kind}` or set "
+            "cost_model_file"
+        )
+    return path
 
 
 def legalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
@@ -229,7 +271,9 @@ def _gir_machine(target: tvm.target.Target, options: Options):  # noqa: ANN202
 
 def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
     """``options`` with every compile input that is not in the model read now and written
-    into its fields: the folders of ``$PLUS_TVM_WAREHOUSE`` (``warehouse_env``), and for CPU
+    into its fields: the folders of ``$PLUS_TVM_WAREHOUSE`` (``warehouse_env``), the cost
+    model (``cost_model="auto"``: learned where this machine has a calibration) and a learned
+    model's file and identity (``cost_model_file``, ``cost_model_id``), and for CPU
     targets the GIR model's stored bandwidths (``gir_global_gbps``, ``gir_cache_gbps``) and
     TVM's pool size (``threads``). Fields already set (by the caller, or by an earlier call:
     resolving twice reads nothing again) are kept. Both :func:`pipeline` and
@@ -240,6 +284,26 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
     changes: dict[str, object] = {}
     if options.warehouse_env is None:
         changes["warehouse_env"] = env_folders()
+    if options.cost_model == "auto":
+        from .costmodel.learned import user_path
+        from .gir.model import figures_key
+
+        calibrated = os.path.exists(user_path(target.kind.name, figures_key(target)))
+        options = options.replace(cost_model="learned" if calibrated else "analytic")
+        changes["cost_model"] = options.cost_model
+    if options.cost_model == "learned" and not options.cost_model_id:
+        from .costmodel.learned import LearnedCostModel
+
+        path = options.cost_model_file or _cost_model_path(target)
+        model = LearnedCostModel.load(path)
+        if model.kind and model.kind != target.kind.name:
+            from .costmodel.learned import CostModelError
+
+            raise CostModelError(
+                f"{path}: a cost model for target kind {model.kind!r}, not {target.kind.name!r}"
+            )
+        changes["cost_model_file"] = path
+        changes["cost_model_id"] = model.identity
     if target.kind.name == "llvm":
         from .gir.model import cpu_figures, runtime_threads
 

@@ -49,10 +49,27 @@ def stats_text(stats: dict) -> str:
             f"{'rule failed':<{width}}  {failure['rule']} on {failure['kernel']}: "
             f"{failure['error']}"
         )
+    lines += _decision_lines((stats.get("dispatch") or {}).get("decisions") or (), width)
     inputs = _inputs_text(stats.get("options") or {})
     if inputs:
         lines.append(f"{'inputs':<{width}}  {inputs}")
     return "\n".join(lines)
+
+
+def _decision_lines(decisions: object, width: int, most: int = 12) -> list[str]:
+    """The dispatcher's priced choices, alike ones counted once: predicted library and TIR
+    microseconds and what was chosen."""
+    alike = Counter(
+        (d["entry"], d["kernel"], d["library_us"], d["tir_us"], d["chosen"], d["model"])
+        for d in decisions
+    )
+    lines = []
+    for (entry, kernel, lib, tir, chosen, model), n in alike.most_common(most):
+        times = f"library {lib:g} us, TIR {tir:g} us ({model})"
+        lines.append(f"{'priced':<{width}}  {entry} -> {kernel}: {times} -> {chosen} x{n}")
+    if len(alike) > most:
+        lines.append(f"{'priced':<{width}}  ... {len(alike) - most} more (stats['dispatch'])")
+    return lines
 
 
 def _inputs_text(options: dict) -> str:
@@ -65,6 +82,8 @@ def _inputs_text(options: dict) -> str:
             f"GIR bandwidth {options['gir_global_gbps']:.1f} / "
             f"{options.get('gir_cache_gbps', 0.0):.1f} GB/s"
         )
+    if options.get("cost_model_id"):
+        parts.append(f"cost model {options['cost_model_id']} ({options.get('cost_model_file')})")
     if options.get("warehouse_env"):
         parts.append("PLUS_TVM_WAREHOUSE=" + ",".join(options["warehouse_env"]))
     return ", ".join(parts)

@@ -9,6 +9,7 @@ eq. 6-8) lives with its search in :mod:`plus_tvm.fusion.cost`, the GIR model (pa
 
 from .dispatch_cost import (
     DispatchCost,
+    LearnedDispatchCost,
     predict_library_us,
     predict_tir_us,
     size_value,
@@ -19,6 +20,7 @@ from .graph_cost import GraphCost
 __all__ = [
     "DispatchCost",
     "GraphCost",
+    "LearnedDispatchCost",
     "predict_library_us",
     "predict_tir_us",
     "size_value",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -119,3 +120,33 @@ def predict_library_us(
 def predict_tir_us(cost: DispatchCost, flops: float, nbytes: float) -> float:
     work = max(flops / (cost.tir_gflops * 1e3), nbytes / (cost.tir_gbps * 1e3))
     return cost.tir_overhead_us + work
+
+
+@dataclass(frozen=True)
+class LearnedDispatchCost:
+    """The library-vs-TIR choice priced by a learned model (``Options.cost_model="learned"``):
+    a call at the model's library time, the TIR alternative at the sum of the model's times of
+    the subgraph's operators, each legalized alone (vectors as ``PlusDispatch`` describes them
+    for its machine). A subgraph the model cannot describe (a symbolic size without a declared
+    range) is priced by ``fallback``."""
+
+    model: object  # LearnedCostModel
+    fallback: DispatchCost = field(default_factory=DispatchCost)
+    sizes: tuple[tuple[str, int], ...] = field(default=())
+
+    def at_sizes(self, sizes: Mapping[str, int]) -> LearnedDispatchCost:
+        return dataclasses.replace(
+            self,
+            sizes=tuple(sorted(sizes.items())),
+            fallback=self.fallback.at_sizes(sizes),
+        )
+
+
+def analytic_ratio(cost: DispatchCost, vector: Mapping[str, object], kernel_gflops: float) -> float:
+    """``log2`` of the analytic TIR time over the analytic library time of a call, read back
+    from its learned-model vector (``features.library_features``: work and operand bytes):
+    the figure the learned choice regressor starts from."""
+    flops = 2.0 ** float(vector["flops"]) - 1.0
+    nbytes = 2.0 ** float(vector["bytes_in"]) - 1.0
+    library = predict_library_us(cost, flops, nbytes, bool(vector["native"]), kernel_gflops)
+    return math.log2(predict_tir_us(cost, flops, nbytes) / library)

@@ -30,6 +30,9 @@ class OpNode:
     basic: list[LoopOperator] = field(default_factory=list)
     inputs: list[int] = field(default_factory=list)  # producer node indices inside the block
     consumers: list[int] = field(default_factory=list)
+    #: the operator's PrimFunc (legalized alone, or the ``call_tir``'s callee): what a cost
+    #: model reads of the TIR the operator would become
+    func: tvm.tirx.PrimFunc | None = None
 
     @property
     def fusible(self) -> bool:
@@ -110,6 +113,7 @@ def _loop_operators(
         names = [graph.name(a) for a in args.fields] + [out_name]
         if len(names) != len(func.params):
             return []
+        node.func = func
         return loop_operators(func, names, out_name)
     if not node.op_name or not _is_tensor(node.var):
         return []
@@ -131,6 +135,7 @@ def _loop_operators(
     if len(names) != len(func.params):
         return []
     del tensor_args
+    node.func = func
     return loop_operators(func, names, out_name)
 
 

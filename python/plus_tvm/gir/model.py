@@ -77,6 +77,11 @@ def _cpu_lanes(target: tvm.target.Target) -> int:
     return max(int(bits) // 32, 4) if bits and bits > 0 else 4
 
 
+def target_lanes(target: tvm.target.Target) -> int:
+    """fp32 lanes of one vector instruction (CPU) or threads of a warp (GPU)."""
+    return 32 if "gpu" in target.keys else _cpu_lanes(target)
+
+
 def runtime_threads() -> int:
     """Threads of TVM's pool (which TVM sizes when it starts); 0 when the runtime has no such
     query."""
