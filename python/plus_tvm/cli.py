@@ -423,14 +423,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from .costmodel.calibrate import ZOO, calibrate, write
+    from .costmodel.calibrate import calibrate, write
     from .costmodel.learned import user_path
     from .gir.model import figures_key
     from .target import resolve_target
 
     target = resolve_target(args.target)
     if args.zoo is None:
-        zoo = ZOO
+        zoo = None
     elif args.zoo.strip().lower() == "none":
         zoo = ()
     else:

@@ -44,19 +44,12 @@ from .corpus import TIR_FLOP_LIMIT, Program, programs
 from .features import subgraph_features, tir_features
 from .train import choice_of
 
-#: zoo models whose kernels join the corpus (their tiny twins)
-ZOO = (
-    "albert-base",
-    "bert-base",
-    "efficientnet-b0",
-    "gpt2",
-    "llama",
-    "mobilenetv2",
-    "resnet50",
-    "t5-encoder",
-    "vgg16",
-    "vit",
-)
+
+def zoo_models() -> tuple[str, ...]:
+    """The zoo models whose kernels join the corpus by default (each as its tiny twin)."""
+    from .. import zoo
+
+    return tuple(n for n in zoo.names() if not n.endswith("-tiny"))
 
 
 @dataclass
@@ -374,12 +367,13 @@ def calibrate(
     target: tvm.target.Target,
     *,
     quick: bool = False,
-    zoo: tuple[str, ...] = ZOO,
+    zoo: tuple[str, ...] | None = None,
     seed: int = 0,
     progress: bool = True,
     min_ms: float = 20.0,
 ) -> tuple[dict, Measurement]:
-    """Measure the corpus (and ``zoo``'s tiny models) on ``target`` and train a model; returns
+    """Measure the corpus (and the tiny twins of ``zoo``, default :func:`zoo_models`) on
+    ``target`` and train a model; returns
     the model file's contents and the measurements."""
     from ..gir.model import figures_key
     from .train import train
@@ -387,6 +381,7 @@ def calibrate(
     start = time.perf_counter()
     calibrator = Calibrator(target, min_ms=min_ms)
     drawn = programs(quick=quick, seed=seed)
+    zoo = zoo_models() if zoo is None else zoo
     out = Measurement()
     with _bar(len(drawn) + len(zoo), progress) as bar:
         for program in drawn:
