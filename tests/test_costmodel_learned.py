@@ -365,3 +365,21 @@ def test_auto_is_learned_only_where_this_machine_was_calibrated(tmp_path, monkey
 def test_calibrate_without_the_target_device_is_a_clear_error(capsys):
     assert cli.main(["calibrate", "--quick", "--target", "cuda", "--no-progress"]) == 2
     assert "no cuda device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name", ["bert-base-tiny", "efficientnet-b0-tiny", "llama-tiny", "resnet50-tiny"]
+)
+def test_zoo_models_under_the_shipped_model_are_exact(name):
+    from plus_tvm import zoo
+
+    entry = zoo.get(name)
+    model, inputs = entry.build(0).eval(), entry.example_inputs(0)
+    m = plus_compile(model, "llvm", inputs, Options(cost_model="learned"))
+    assert {d["model"] for d in m.stats["dispatch"]["decisions"]} <= {"learned", "analytic"}
+    with torch.no_grad():
+        ref = model(*inputs)
+    ref = ref[0] if isinstance(ref, (tuple, list)) else ref
+    got = m(*inputs)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-4)
