@@ -4,9 +4,10 @@ TVM's code generators lower ``max(a, b)`` to ``a > b ? a : b``, which drops a Na
 ReLU (``max(x, 0)``), a clip, ``maximum`` / ``minimum``, a max pool or a max reduction turns a
 NaN input into a finite number, so a model fed a NaN returns finite outputs where torch eager
 returns NaN. This pass rewrites every float ``max(a, b)`` in every block into
-``isnan(a) ? a : (isnan(b) ? b : max(a, b))`` (and ``min`` alike). It runs after scheduling, so
-schedule rules still see ``max`` as a reduction operator; the cost is two unordered compares
-per element of memory-bound kernels.
+``isnan(a) ? a : (isnan(b) ? b : max(a, b))``, or against a number ``c`` (ReLU, clip)
+``a < c ? c : a`` (``min`` alike), one compare that is false for a NaN ``a``. It runs after
+scheduling, so schedule rules still see ``max`` as a reduction operator; the cost is at most
+two unordered compares per element of memory-bound kernels.
 
 On GPU targets, blocks with reduction iterators keep their ``max`` / ``min``: TVM's
 cross-thread reduction lowering must recognise the combiner.
@@ -74,13 +75,29 @@ def _nan_minmax(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
             lets.append((var, operand))
             operands.append(var)
     a, b = operands
-    out = tirx.Select(tirx.isnan(a), a, tirx.Select(tirx.isnan(b), b, type(e)(a, b)))
+    if _number(a) and not _number(b):
+        a, b = b, a
+    if _number(b):
+        # against a number, one compare: ``a < b ? b : a`` (max) is false for a NaN ``a``, so
+        # it returns ``a``; for ``-0.0`` against ``0.0`` it returns ``-0.0``, as torch's relu
+        # and clamp do. The isnan form's Let + nested Select, inlined into long GIR chains,
+        # sent TVM's LLVM code generation into minutes of simplification (a 10-operation
+        # chain: 146 s, now 1.9 s)
+        keep = tirx.LT(a, b) if isinstance(e, tirx.Max) else tirx.GT(a, b)
+        out = tirx.Select(keep, b, a)
+    else:
+        out = tirx.Select(tirx.isnan(a), a, tirx.Select(tirx.isnan(b), b, type(e)(a, b)))
     for var, value in reversed(lets):
         out = tirx.Let(var, value, out)
     return out
 
 
 _PLAIN = (tirx.Var, tvm.ir.TensorLoad, tirx.FloatImm, tirx.IntImm, tirx.Broadcast)
+
+
+def _number(e: object) -> bool:
+    """A float constant that is not NaN (it can never be the NaN operand)."""
+    return isinstance(e, tirx.FloatImm) and e.value == e.value
 
 
 def _has_float_minmax(func: tirx.PrimFunc) -> bool:

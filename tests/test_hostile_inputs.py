@@ -499,3 +499,17 @@ def test_an_internal_error_names_the_phase_and_the_pass(monkeypatch, capsys):
     code, _, err = run_cli(capsys, "inspect", "zoo:bert-base-tiny")
     assert code == 1 and "internal error in phase fuse, pass DPFuseOps" in err
     assert "Traceback" not in err
+
+
+def test_relu_and_clamp_keep_the_sign_of_zero_as_torch_does():
+    x = torch.tensor([[-0.0, 0.0, float("nan"), -1.0, 2.0, float("inf"), -float("inf"), 7.0]])
+
+    class ReluClamp(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x), torch.clamp(x, -0.5, 6.0)
+
+    cm = plus_tvm.compile(ReluClamp(), "llvm", example_args=(x,))
+    for out, ref in zip(cm(x.numpy()), ReluClamp()(x)):
+        ref = ref.numpy()
+        np.testing.assert_array_equal(out, ref)  # NaN == NaN here
+        np.testing.assert_array_equal(np.signbit(out), np.signbit(ref))
