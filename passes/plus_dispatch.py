@@ -55,10 +55,11 @@ class PlusDispatch:
         Library activations must return NaN for NaN (``Options.propagate_nan``); off lets a
         library drop it where that is faster.
     machine : costmodel.features.KernelContext or None
-        Where the kernels run, as the learned model's vectors say it (each library call made
-        is recorded with its vector and its subgraph's TIR vectors, ``stats["dispatch"]
-        ["calls"]``, which ``plus-tvm calibrate`` learns from); required by a
-        ``LearnedDispatchCost``.
+        Where the kernels run, as the learned model's vectors say it; required by a
+        ``LearnedDispatchCost`` and by ``record_calls``.
+    record_calls : bool
+        Record each library call made with its vector and its subgraph's TIR vectors (the
+        report's ``calls``, which ``plus-tvm calibrate`` learns from); off in compiles.
     """
 
     def __init__(
@@ -68,12 +69,16 @@ class PlusDispatch:
         cost=DispatchCost(),  # noqa: ANN001, B008
         propagate_nan: bool = True,
         machine: KernelContext | None = None,
+        record_calls: bool = False,
     ):
+        if machine is None and (record_calls or isinstance(cost, LearnedDispatchCost)):
+            raise ValueError("PlusDispatch: a learned cost model and record_calls need machine")
         self.warehouse = warehouse
         self.extra_dirs = tuple(extra_dirs)
         self.cost = cost
         self.propagate_nan = propagate_nan
         self.machine = machine
+        self.record_calls = record_calls
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         from ..pattern_warehouse import load_warehouse
@@ -81,7 +86,7 @@ class PlusDispatch:
         warehouse = self.warehouse or load_warehouse(self.extra_dirs)
         target = tvm.target.Target.current(allow_none=True)
         kind = target.kind.name if target is not None else "llvm"
-        report = _Report()
+        report = _Report(self.record_calls)
         cache: dict = {}
         functions = {}
         changed = False
@@ -112,16 +117,16 @@ class PlusDispatch:
 
 
 class _Report:
-    def __init__(self) -> None:
+    def __init__(self, record_calls: bool = False) -> None:
         self.matched: Counter = Counter()
         self.library: Counter = Counter()  # entry -> library calls
         self.chosen: dict[str, Counter] = {}
         self.declined: Counter = Counter()
         # each priced choice: entry, kernel, predicted library and TIR microseconds, the model
         self.decisions: list[dict] = []
-        # each library call made, with the learned cost model's vector of it (calibration
-        # times the calls and learns from these)
-        self.calls: list[dict] = []
+        # with ``record_calls``: each library call made, with the learned cost model's vectors
+        # (calibration times the calls and learns from these); None: not recorded
+        self.calls: list[dict] | None = [] if record_calls else None
 
     def decide(
         self, entry: str, kernel: str, library_us: float, tir_us: float, how: str, pays: bool
@@ -145,7 +150,7 @@ class _Report:
                 "implementations": {k: dict(v) for k, v in self.chosen.items()},
                 "declined": dict(self.declined),
                 "decisions": self.decisions,
-                "calls": self.calls,
+                **({"calls": self.calls} if self.calls is not None else {}),
             },
             sort_keys=True,
         )
@@ -214,7 +219,7 @@ def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, na
             seen.add(chosen[2].final)
             entry, impl, call = chosen
             calls[call.final] = call
-            if machine is not None:
+            if report.calls is not None:
                 report.calls.append(
                     {
                         "entry": entry.name,
@@ -383,8 +388,6 @@ def member_features(match, graph, sizes: dict, machine: KernelContext):  # noqa:
 
 
 def _learned_prices(call: LibraryCall, match, graph, cost: LearnedDispatchCost, kind: str, machine):  # noqa: ANN001, ANN202, PLR0913
-    if machine is None:
-        return None
     sizes = dict(cost.sizes)
     vector = call_features(call, match, graph, sizes, kind, machine)
     kernels = member_features(match, graph, sizes, machine)

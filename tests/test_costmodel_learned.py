@@ -250,6 +250,7 @@ def test_a_choice_regressor_overrides_the_kernel_times(tmp_path):
 
 def test_the_analytic_model_records_its_decisions_too():
     m = plus_compile(SmallNet().eval(), "llvm", _inputs())
+    assert "calls" not in m.stats["dispatch"]  # the vectors are recorded for calibration only
     decisions = m.stats["dispatch"]["decisions"]
     assert decisions and {d["model"] for d in decisions} == {"analytic"}
     assert m.stats["options"]["cost_model_id"] == ""
@@ -383,3 +384,14 @@ def test_zoo_models_under_the_shipped_model_are_exact(name):
     got = m(*inputs)
     got = got[0] if isinstance(got, (tuple, list)) else got
     np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_learned_cost_without_a_machine_is_refused(tmp_path):
+    from plus_tvm.costmodel import LearnedDispatchCost
+    from plus_tvm.passes import PlusDispatch
+
+    model = LearnedCostModel.load(_model_file(tmp_path, "m.json", lambda f: 1.0, lambda f: 2.0))
+    with pytest.raises(ValueError, match="machine"):
+        PlusDispatch(cost=LearnedDispatchCost(model))
+    with pytest.raises(ValueError, match="machine"):
+        PlusDispatch(record_calls=True)

@@ -60,7 +60,9 @@ def _is_gpu(target: tvm.target.Target) -> bool:
     return "gpu" in target.keys
 
 
-def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
+def dispatch_phase(
+    target: tvm.target.Target, options: Options, record_calls: bool = False
+) -> list[tvm.transform.Pass]:
     """Phase 1: +Graph identification and warehouse library calls (``dispatch``), then TVM's
     own library dispatch for the target."""
     from .passes import (
@@ -131,6 +133,7 @@ def dispatch_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
                 cost=cost,
                 propagate_nan=nan,
                 machine=_kernel_machine(target, options),
+                record_calls=record_calls,
             )
         )
         if options.merge_linears:

@@ -184,12 +184,7 @@ class FusionRecorder:
             self.schedule = json.loads(str(report)) if report is not None else None
         if info.name == "PlusDispatch":
             report = mod.attrs.get("plus.dispatch") if mod.attrs is not None else None
-            report = json.loads(str(report)) if report is not None else None
-            # each call's cost-model vectors stay in the module's report (``plus-tvm
-            # calibrate`` reads them there); the stats keep the decisions
-            self.dispatch = (
-                {k: v for k, v in report.items() if k != "calls"} if report is not None else None
-            )
+            self.dispatch = json.loads(str(report)) if report is not None else None
         if info.name in self.fusion_passes:
             self.groups = fused_groups(mod)
             notes = mod.attrs.get("plus.fusion_explain") if mod.attrs is not None else None

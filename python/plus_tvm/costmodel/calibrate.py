@@ -161,7 +161,11 @@ class Calibrator:
     def library_records(self, group: str, mod: tvm.IRModule) -> tuple[list[dict], int]:
         """Records of every distinct library call phase 1 makes of ``mod``, and the number of
         calls."""
-        dispatched = self._run(mod, self.options, ("dispatch",))
+        from ..pipeline import dispatch_phase
+
+        with tvm.transform.PassContext(opt_level=3), self.target:
+            passes = dispatch_phase(self.target, self.options, record_calls=True)
+            dispatched = tvm.transform.Sequential(passes)(mod)
         report = json.loads(str(dispatched.attrs["plus.dispatch"]))
         made_by_kernel: dict[str, list[dict]] = {}
         for made in report["calls"]:

@@ -125,9 +125,10 @@ def predict_tir_us(cost: DispatchCost, flops: float, nbytes: float) -> float:
 @dataclass(frozen=True)
 class LearnedDispatchCost:
     """The library-vs-TIR choice priced by a learned model (``Options.cost_model="learned"``):
-    a call at the model's library time, the TIR alternative at the sum of the model's times of
-    the subgraph's operators, each legalized alone (vectors as ``PlusDispatch`` describes them
-    for its machine). A subgraph the model cannot describe (a symbolic size without a declared
+    a call at the model's library time, the TIR alternative at that time times the model's
+    predicted TIR / library ratio of the choice (without a choice regressor: its time of the
+    subgraph's operators, each legalized alone; vectors as ``PlusDispatch`` describes them for
+    its machine). A subgraph the model cannot describe (a symbolic size without a declared
     range) is priced by ``fallback``."""
 
     model: object  # LearnedCostModel
@@ -142,11 +143,19 @@ class LearnedDispatchCost:
         )
 
 
-def analytic_ratio(cost: DispatchCost, vector: Mapping[str, object], kernel_gflops: float) -> float:
-    """``log2`` of the analytic TIR time over the analytic library time of a call, read back
-    from its learned-model vector (``features.library_features``: work and operand bytes):
-    the figure the learned choice regressor starts from."""
+def vector_prices(
+    cost: DispatchCost, vector: Mapping[str, object], kernel_gflops: float
+) -> tuple[float, float]:
+    """The analytic library and TIR microseconds of a call, its work and operand bytes read
+    back from its learned-model vector (``features.library_features``)."""
     flops = 2.0 ** float(vector["flops"]) - 1.0
     nbytes = 2.0 ** float(vector["bytes_in"]) - 1.0
     library = predict_library_us(cost, flops, nbytes, bool(vector["native"]), kernel_gflops)
-    return math.log2(predict_tir_us(cost, flops, nbytes) / library)
+    return library, predict_tir_us(cost, flops, nbytes)
+
+
+def analytic_ratio(cost: DispatchCost, vector: Mapping[str, object], kernel_gflops: float) -> float:
+    """``log2`` of :func:`vector_prices`' TIR time over its library time: the figure the
+    learned choice regressor starts from."""
+    library, tir = vector_prices(cost, vector, kernel_gflops)
+    return math.log2(tir / library)

@@ -18,9 +18,9 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
+from xgboost.core import XGBoostError
 
 from ..errors import PlusError
 from ..paths import cache_dir
@@ -78,12 +78,6 @@ def _booster(raw: str) -> object:
     return booster
 
 
-@dataclass
-class _Part:
-    features: tuple[str, ...]
-    booster: object
-
-
 class LearnedCostModel:
     """Predicted microseconds of TIR kernels and library calls (see the module docstring)."""
 
@@ -105,7 +99,7 @@ class LearnedCostModel:
                     f"{list(features)}, this plus_tvm computes {list(expected)}; "
                     "run `plus-tvm calibrate` again"
                 )
-            self._parts[name] = _Part(features, _booster(part["booster"]))
+            self._parts[name] = _booster(part["booster"])
 
     @classmethod
     def load(cls, path: str) -> LearnedCostModel:
@@ -123,11 +117,7 @@ class LearnedCostModel:
             raise CostModelError(f"{path}: not a cost model (expected format {FORMAT!r})")
         try:
             return cls(data, hashlib.sha256(raw).hexdigest()[:16], path)
-        except (KeyError, TypeError, ValueError) as err:
-            raise CostModelError(f"{path}: a damaged cost model ({err})") from None
-        except Exception as err:  # noqa: BLE001 - xgboost raises its own XGBoostError
-            if type(err).__name__ != "XGBoostError":
-                raise
+        except (KeyError, TypeError, ValueError, XGBoostError) as err:
             raise CostModelError(f"{path}: a damaged cost model ({err})") from None
 
     def has(self, part: str) -> bool:
@@ -136,7 +126,7 @@ class LearnedCostModel:
     def _predict(self, part: str, rows: Sequence[Sequence[float]]) -> list[float]:
         if not rows:
             return []
-        booster = self._parts[part].booster
+        booster = self._parts[part]
         logs = booster.inplace_predict(np.asarray(rows, dtype=np.float32))
         return [float(2.0**v) for v in np.atleast_1d(logs)]
 

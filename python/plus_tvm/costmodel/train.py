@@ -183,14 +183,11 @@ def _gflops(pair: dict) -> float:
 
 
 def _analytic(pair: dict) -> tuple[float, float]:
-    """The analytic model's library and TIR microseconds of a pair (its work and bytes read
-    back from the call's vector, as ``PlusDispatch`` prices them)."""
-    from .dispatch_cost import predict_library_us, predict_tir_us
+    """The analytic model's library and TIR microseconds of a pair, as ``PlusDispatch``
+    prices them."""
+    from .dispatch_cost import vector_prices
 
-    vector, cost = pair["library"], _cost(pair)
-    flops, nbytes = 2.0 ** vector["flops"] - 1.0, 2.0 ** vector["bytes_in"] - 1.0
-    library = predict_library_us(cost, flops, nbytes, bool(vector["native"]), _gflops(pair))
-    return library, predict_tir_us(cost, flops, nbytes)
+    return vector_prices(_cost(pair), pair["library"], _gflops(pair))
 
 
 def choice_of(pair: dict) -> dict:
