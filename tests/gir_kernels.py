@@ -78,6 +78,18 @@ def build(kind: str, shape: list) -> tvm.IRModule:
             elif kind == "silu_mean_2out":  # squeeze-excite: the activation and its HW mean
                 silu = bb.emit(op.multiply(x, bb.emit(op.sigmoid(x))))
                 y = bb.emit(relax.Tuple([silu, bb.emit(op.mean(silu, axis=[2, 3], keepdims=True))]))
+            elif kind == "transcendental_chain":  # sqrt|x|+r, exp*r, gelu+r, relu*r, tanh+r
+                r = _var("r", shape)
+                params += [r]
+                t = bb.emit(op.add(bb.emit(op.sqrt(bb.emit(op.abs(x)))), r))
+                t = bb.emit(op.multiply(bb.emit(op.exp(t)), r))
+                t = bb.emit(op.add(bb.emit(op.nn.gelu(t)), r))
+                t = bb.emit(op.multiply(bb.emit(op.nn.relu(t)), r))
+                y = bb.emit(op.add(bb.emit(op.tanh(t)), r))
+            elif kind == "softmax_exp_tanh":  # a row kernel over nested functions
+                y = bb.emit(op.nn.softmax(bb.emit(op.exp(bb.emit(op.tanh(x)))), axis=-1))
+            elif kind == "colsum_exp_tanh":  # a column reduction of nested functions
+                y = bb.emit(op.sum(bb.emit(op.exp(bb.emit(op.tanh(x)))), axis=[0]))
             elif kind == "relu_odd_rows":  # rows (28) that a 16-lane vector does not divide
                 y = bb.emit(op.nn.relu(bb.emit(op.add(x, x))))
             else:

@@ -115,6 +115,65 @@ def test_schedule_structure(llvm):
         assert "T.vectorized" in col
 
 
+def _depth(func) -> int:
+    """The deepest nesting of fast-math functions over every store of ``func``."""
+    from plus_tvm.gir.lowering import nesting_depth
+    from plus_tvm.tir_blocks import blocks, stores
+
+    return max(nesting_depth(st.value) for b in blocks(func.body) for st in stores(b.body))
+
+
+@pytest.mark.parametrize("kind", ["transcendental_chain", "softmax_exp_tanh"])
+def test_nested_functions_are_staged_not_nested(kind, llvm):
+    """TVM's simplifier inlines every pure ``Let``, so fast-math functions nested in one
+    expression multiply code generation time (the chain took 165 s to build; three nested
+    ``exp`` 17 s). GIR keeps the intermediate between two such functions in a buffer local to
+    a row (element-wise: computed once even where gelu reads it twice), so every function
+    stays mapped to vector arithmetic and no expression nests two."""
+    import time
+
+    func = fused_primfunc(kind, [64, 256], llvm)
+    sch = GIRLLVM().apply(func, llvm, False)
+    assert sch is not None
+    scheduled = sch.mod["main"]
+    assert _depth(scheduled) == 1
+    text = scheduled.script()
+    assert not re.findall(r"T\.(exp|erf|tanh)\(", text), text  # every function mapped
+    if kind == "transcendental_chain":  # exp's and erf's results kept, tanh reads the last
+        local = [ln for ln in text.splitlines() if "alloc_buffer" in ln and '"local"' in ln]
+        assert len(local) == 2, text
+        assert "T.parallel" in text or machine_for(llvm).units == 1
+    start = time.perf_counter()
+    _check(kind, [64, 256], llvm, tol=2e-4)
+    assert time.perf_counter() - start < 60
+
+
+def test_fast_math_nests_one_function_deep():
+    """Where nothing is staged (a column reduction keeps no producer), the rewrite maps the
+    innermost function and leaves the ones over it to the library call."""
+    from plus_tvm.gir.lowering import nesting_depth, vectorizable_math
+    from tvm import s_tir
+    from tvm.script import tirx as T  # noqa: N812
+
+    @T.prim_func(s_tir=True)
+    def kernel(x: T.Buffer((64, 16), "float32"), y: T.Buffer((64, 16), "float32")):
+        for i, j in T.grid(64, 16):
+            with T.sblock("f"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                y[vi, vj] = T.exp(T.tanh(T.exp(x[vi, vj]) * T.float32(0.1)))
+
+    sch = s_tir.Schedule(kernel)
+    assert vectorizable_math(sch) == 1
+    text = sch.mod["main"].script()
+    assert nesting_depth(sch.get(sch.get_sblock("f")).body.value) == 1
+    assert "T.exp(" in text and "T.tanh(" in text and text.count("T.exp(") == 1
+    f = tvm.compile(sch.mod, "llvm")
+    xs = np.random.default_rng(0).standard_normal((64, 16)).astype("float32")
+    ys = tvm.runtime.tensor(np.zeros((64, 16), "float32"))
+    f["main"](tvm.runtime.tensor(xs), ys)
+    np.testing.assert_allclose(ys.numpy(), np.exp(np.tanh(np.exp(xs) * 0.1)), rtol=1e-5)
+
+
 def test_cnn_kernel_plans(llvm):
     """The kernels that dominate CNNs after library dispatch get the intended structure: a
     classifier GEMV is a row reduction over the weight's rows (the weight's transpose is

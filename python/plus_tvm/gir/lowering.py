@@ -120,10 +120,35 @@ def _invariant_divisor(e: tvm.ir.Expr, inner: list) -> bool:
     return not any(id(v) in used for v in inner)
 
 
+FAST_NESTING = 1
+"""How many replaced functions may nest in one expression (``exp(exp(x))`` is two): TVM's
+simplifier inlines every pure ``Let`` into its body, so each level multiplies the expression
+it walks by about 25 (the polynomial reads its argument that often), and LLVM code generation
+of three levels took 17 s on a 64x32 kernel. Deeper calls keep the library function; GIR
+stages such chains through a buffer so this rarely applies (``schedules/gir_llvm.py``)."""
+
+
+def nesting_depth(e: tvm.ir.Expr) -> int:
+    """The most replaced functions nested along one path of ``e`` (each is a ``Let`` chain
+    whose first value is its argument): at most :data:`FAST_NESTING` after the rewrite."""
+    if isinstance(e, tirx.Let):
+        return max(nesting_depth(e.value) + 1, nesting_depth(e.body))
+    kids: list[tvm.ir.Expr] = []
+    if isinstance(e, _BINARY):
+        kids = [e.a, e.b]
+    elif isinstance(e, tirx.Cast | tirx.Not):
+        kids = [e.value if isinstance(e, tirx.Cast) else e.a]
+    elif isinstance(e, tirx.Select):
+        kids = [e.condition, e.true_value, e.false_value]
+    elif isinstance(e, tvm.ir.Call):
+        kids = list(e.args)
+    return max((nesting_depth(k) for k in kids), default=0)
+
+
 class _MathRewriter:
     """Rebuilds one block's value with float32 ``exp``/``sigmoid``/``tanh``/``erf`` replaced
-    and divisions by row scalars turned into multiplications; ``inner`` are the block's
-    iterators that get vectorized."""
+    (at most :data:`FAST_NESTING` deep, innermost first) and divisions by row scalars turned
+    into multiplications; ``inner`` are the block's iterators that get vectorized."""
 
     def __init__(self, inner: list) -> None:
         self.inner = inner
@@ -135,7 +160,12 @@ class _MathRewriter:
         if str(e.ty) != "float32":
             return None
         fn = _FAST.get(e.op.name)
-        return None if fn is None else fn(self.rebuild(e.args[0]))
+        if fn is None:
+            return None
+        arg = self.rebuild(e.args[0])
+        if nesting_depth(arg) >= FAST_NESTING:
+            return e if arg.same_as(e.args[0]) else tvm.ir.Call(e.op, [arg], ret_ty=e.ty)
+        return fn(arg)
 
     def _reciprocal(self, e: tvm.ir.Expr) -> tvm.ir.Expr | None:
         """``a / s`` with ``s`` invariant in the vector loop becomes ``a * (1 / s)``: one
@@ -190,6 +220,52 @@ def _math_target(n: object) -> bool:
         and n.op.name in _FAST
         and str(n.ty) == "float32"
     )
+
+
+def _has_math(block: s_tir.SBlock) -> bool:
+    found: list[object] = []
+    walk_expr(block.body, lambda n: found.append(n) if _math_target(n) else None)
+    return bool(found)
+
+
+def staged_blocks(sch: s_tir.Schedule, merged: list[str]) -> set[str]:
+    """Of the blocks ``merged`` (names, producers first) that a lowering inlines into their
+    consumers, those to keep as a buffer instead, so that after inlining no expression nests
+    the replaced functions of :func:`vectorizable_math`: a block with such a function in its
+    merged expression stays when a consumer applies another one on top of it. The earliest
+    such block is kept first, then the rest looked at again (a chain ``exp, *r, gelu`` keeps
+    the ``exp`` and the ``erf``, not also the product that gelu reads twice). The kept blocks
+    are computed next to their consumers, so every function of the chain stays vector
+    arithmetic. Copies alone (an expression read twice) are left inlined: recomputing
+    measured cheaper than a buffer (``e*e + e*y`` of ``e = exp(x)``: 0.45 vs 0.90 ms on
+    512x1024)."""
+    roots = sch.get_child_blocks(sch.get_sblock("root"))
+    order = [sch.get(b).name_hint for b in roots]
+    rv = dict(zip(order, roots))
+    own = {n: _has_math(sch.get(rv[n])) for n in order}
+    names = set(merged)
+    uses: dict[str, list[str]] = {n: [] for n in order}
+    producers: dict[str, list[str]] = {n: [] for n in order}
+    for n in order:
+        for c in sch.get_consumers(rv[n]):
+            uses[n].append(sch.get(c).name_hint)
+            producers[sch.get(c).name_hint].append(n)
+    staged: set[str] = set()
+
+    def inlined(n: str) -> bool:
+        return n in names and n not in staged
+
+    while True:  # stage the earliest block that must be, then look again
+        below: dict[str, bool] = {}
+        for n in order:  # a replaced function in the expression merged into n
+            below[n] = own[n] or any(below[q] for q in producers[n] if inlined(q))
+        above: dict[str, bool] = {}
+        for n in reversed(order):  # a function applied over n's expression
+            above[n] = any(own[c] or (inlined(c) and above[c]) for c in uses[n])
+        must = [n for n in order if inlined(n) and below[n] and above[n]]
+        if not must:
+            return staged
+        staged.add(must[0])
 
 
 def vectorizable_math(sch: s_tir.Schedule) -> int:
