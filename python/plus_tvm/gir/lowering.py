@@ -41,16 +41,25 @@ def _f32(v: float) -> tirx.FloatImm:
 
 
 def _clamp(
-    x: tvm.ir.Expr, low: float, high: float, var: tirx.Var, body: tvm.ir.Expr
+    x: tvm.ir.Expr,
+    low: float,
+    high: float,
+    var: tirx.Var,
+    body: tvm.ir.Expr,
+    overflow: float | None = None,
 ) -> tvm.ir.Expr:
     """``Let var = clamp(x, low, high) in body``, where a NaN ``x`` stays NaN: two ordered
     compares that are both false for NaN, rather than ``max`` / ``min`` (TVM's drop a NaN, and
     ``PropagateNaN``'s rewrite of them, nested in every inlined ``exp``, grows a fused chain's
-    expression until TVM's simplifier takes minutes on it)."""
+    expression until TVM's simplifier takes minutes on it). Above ``overflow`` the result is
+    ``+inf``, as the exact function's is in float32."""
     given = tirx.Var(f"{var.name}_in", "float32")
     lo, hi = _f32(low), _f32(high)
     clamped = tirx.Select(given < lo, lo, tirx.Select(given > hi, hi, given))
-    return tirx.Let(given, x, tirx.Let(var, clamped, body))
+    value: tvm.ir.Expr = tirx.Let(var, clamped, body)
+    if overflow is not None:
+        value = tirx.Select(given > _f32(overflow), _f32(float("inf")), value)
+    return tirx.Let(given, x, value)
 
 
 def fast_exp(x: tvm.ir.Expr) -> tvm.ir.Expr:
@@ -65,7 +74,8 @@ def fast_exp(x: tvm.ir.Expr) -> tvm.ir.Expr:
     two_n = tirx.reinterpret("float32", tirx.LShift(bits, tirx.IntImm("int32", 23)))
     body = tirx.Let(rv, xv - nv * _f32(0.693359375) - nv * _f32(-2.12194440e-4), y * two_n)
     body = tirx.Let(nv, tirx.floor(xv * _f32(1.44269504088896341) + _f32(0.5)), body)
-    return _clamp(x, -88.3762626647949, 88.3762626647950, xv, body)
+    # the clamp keeps 2^n a normal number; past log(FLT_MAX) the exact exp is +inf
+    return _clamp(x, -88.3762626647949, 88.3762626647950, xv, body, overflow=88.72283935546875)
 
 
 def fast_erf(x: tvm.ir.Expr) -> tvm.ir.Expr:
