@@ -335,22 +335,26 @@ def _lower_column(sch: s_tir.Schedule, p: Plan, level: int, math: bool) -> None:
         # the tile's accumulators stay in registers while the reduced axis is walked
         acc = sch.cache_write(block, 0, "local")
         sch.reverse_compute_at(acc, outer, preserve_unit_loops=False)
-        if level > 0:
-            _vectorize_inner(sch, acc, 1, p.params["vector"], level)
     if level > 0 and _extent(sch, inner) is not None:  # LLVM vectorizes constant extents only
         if ext is None or tile is None or ext % min(tile, ext) == 0 or level >= 2:
             sch.vectorize(inner)
-    # epilogues (a mean's division) follow the tile of columns they read
-    for op in k.ops:
-        if op.block == red_op.block or not k.depends(op.block, red_op.block):
-            continue
-        epi = sch.get_sblock(op.block)
-        if outer is not None:
+    # epilogues (a mean's division) follow the tile of columns they read; placed before the
+    # accumulators' store is split into vectors: TensorIR sizes an epilogue by the region its
+    # producer's loops cover, ignoring their tail predicate (a 125-column tile stored in 8 x 16
+    # lanes gave the epilogue 128 columns, three of them the next tile's, read from another
+    # core before it wrote them: wrong results, a race)
+    epilogues = [
+        sch.get_sblock(op.block)
+        for op in k.ops
+        if op.block != red_op.block and k.depends(op.block, red_op.block)
+    ]
+    if outer is not None:
+        for epi in epilogues:  # all placed first, each after the one it reads
             sch.reverse_compute_at(epi, outer, preserve_unit_loops=True)
-            _vectorize_inner(sch, epi, 1, p.params["vector"], level)
-        else:
-            loops = sch.get_loops(epi)
-            _vectorize_inner(sch, epi, 0, p.params["vector"], level)
+    for epi in epilogues:
+        _vectorize_inner(sch, epi, 1 if outer is not None else 0, p.params["vector"], level)
+    if outer is not None and level > 0:
+        _vectorize_inner(sch, acc, 1, p.params["vector"], level)
 
 
 def _box_tile(tile: int, extents: list) -> int | None:

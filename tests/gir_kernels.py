@@ -68,6 +68,10 @@ def build(kind: str, shape: list) -> tvm.IRModule:
                 params = [_var("x", [1, shape[0]]), w, b]
                 mm = bb.emit(op.matmul(params[0], bb.emit(op.permute_dims(w, [1, 0]))))
                 y = bb.emit(op.add(mm, b))
+            elif kind == "gemv_bias":  # x[1, K] @ W[K, N] + b: a column reduction with an epilogue
+                w, b = _var("w", [shape[0], shape[1]]), _var("b", [shape[1]])
+                params = [_var("x", [1, shape[0]]), w, b]
+                y = bb.emit(op.add(bb.emit(op.matmul(params[0], w)), b))
             elif kind == "gemm":  # several rows: a contraction, left to libraries
                 w = _var("w", [shape[1], shape[2]])
                 params = [_var("x", shape[:2]), w]
