@@ -8,11 +8,18 @@ outlines every group of two or more kernels as a private Relax function with ``"
 True``, the form ``FuseTIR`` merges into one PrimFunc. Groups are convex and acyclic by
 construction; a group whose intermediate values are used outside it returns them all (a
 multi-output kernel). Run it after ``LegalizeOps`` + ``AnnotateMapPattern``.
+
+Plans are priced by eq. 8 (``cost="bytes"``) or by the learned cost model's predicted time of
+each group's fused kernel (``cost="learned"``, ``plus_tvm.costmodel.LearnedFusionCost``); a
+block with a kernel of symbolic size keeps eq. 8. With the learned cost the module attribute
+``plus.fusion_cost`` holds the chosen plans' predicted time beside that of the plans eq. 8
+picks, and ``explain`` names the predicted times of every pair the cost kept apart.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import re
 from collections.abc import Sequence
 
@@ -22,10 +29,12 @@ from plus_tvm.fusion import (
     FusionGraph,
     OpPattern,
     Plan,
+    PlanCost,
     build_candidates,
     dp_plan,
     explain_plan,
     greedy_plan,
+    split_groups,
     tvm_fusible,
     tvm_rule,
 )
@@ -33,6 +42,9 @@ from plus_tvm.mapping import MapPattern, needs_contiguous_input
 from tvm import relax, tirx
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+#: module attributes the pass writes (read by ``plus_tvm.stats``)
+EXPLAIN_ATTR = "plus.fusion_explain"
+COST_ATTR = "plus.fusion_cost"
 _NUMBER = re.compile(r"\d+$")
 
 
@@ -58,9 +70,13 @@ class DPFuseOps:
     explain : bool
         Record, for every dependence left between two kernels, which rule, limit or cost kept
         them apart: a list of strings in the module attribute ``plus.fusion_explain``.
+    cost : {"bytes", "learned"}
+        Eq. 8 (``alpha``, ``beta``), or the predicted time of the plan's kernels.
+    model : plus_tvm.costmodel.LearnedCostModel, optional
+        The model of ``cost="learned"``.
+    machine : plus_tvm.costmodel.KernelContext, optional
+        Where the kernels run, as the model's vectors describe it (``cost="learned"``).
     """
-
-    EXPLAIN_ATTR = "plus.fusion_explain"
 
     def __init__(
         self,
@@ -72,11 +88,21 @@ class DPFuseOps:
         seed: int = 0,
         max_starts: int = 32,
         explain: bool = False,
+        cost: str = "bytes",
+        model: object = None,
+        machine: object = None,
     ) -> None:
         if search not in ("dp", "greedy"):
             raise ValueError(f"DPFuseOps: search must be 'dp' or 'greedy', got {search!r}")
         if rules not in ("mapping", "tvm"):
             raise ValueError(f"DPFuseOps: rules must be 'mapping' or 'tvm', got {rules!r}")
+        if cost not in ("bytes", "learned"):
+            raise ValueError(f"DPFuseOps: cost must be 'bytes' or 'learned', got {cost!r}")
+        if cost == "learned" and (model is None or machine is None):
+            raise ValueError("DPFuseOps: cost='learned' needs the cost model and the machine")
+        self.cost = cost
+        self.model = model
+        self.machine = machine
         self.search = search
         self.rules = rules
         self.max_group_size = max_group_size
@@ -91,27 +117,44 @@ class DPFuseOps:
         builder = relax.BlockBuilder(mod)
         changed = False
         notes: list[str] = []
+        priced = {"predicted_us": 0.0, "eq8_plan_us": 0.0, "blocks": 0, "eq8_blocks": 0}
         for gvar, func in list(mod.functions_items()):
             if not isinstance(func, relax.Function) or _is_primitive(func):
                 continue
             fuser = _FunctionFuser(self, mod, builder)
             new_func = fuser.rewrite(func)
             notes += [f"{gvar.name_hint}: {line}" for line in fuser.notes]
+            for key, value in fuser.priced.items():
+                priced[key] += value
             if new_func is not None:
                 builder.update_func(gvar, new_func)
                 changed = True
         out = builder.get() if changed else mod
         if self.explain:
-            out = out.with_attr(self.EXPLAIN_ATTR, notes)
+            out = out.with_attr(EXPLAIN_ATTR, notes)
+        if self.cost == "learned":
+            priced = {k: round(v, 3) if isinstance(v, float) else v for k, v in priced.items()}
+            out = out.with_attr(COST_ATTR, json.dumps(priced))
         return out
 
-    def plan(self, graph: FusionGraph) -> Plan:
+    def plan(self, graph: FusionGraph, cost: PlanCost | None = None) -> Plan:
+        """The plan of ``graph``, scored by ``cost`` (default eq. 8 with alpha and beta;
+        another cost may also cut groups in two, ``split_groups``)."""
         table = build_candidates(graph, self.max_group_size)
         if self.search == "greedy":
-            return greedy_plan(graph, table, self.max_group_size, self.alpha, self.beta)
-        return dp_plan(
-            graph, table, self.max_group_size, self.alpha, self.beta, self.seed, self.max_starts
-        )
+            plan = greedy_plan(graph, table, self.max_group_size, self.alpha, self.beta, cost)
+        else:
+            plan = dp_plan(
+                graph,
+                table,
+                self.max_group_size,
+                self.alpha,
+                self.beta,
+                self.seed,
+                self.max_starts,
+                cost,
+            )
+        return plan if cost is None else split_groups(graph, plan, cost)
 
 
 def _is_primitive(func: relax.Function) -> bool:
@@ -147,6 +190,8 @@ class _FunctionFuser:
         self.mod = mod
         self.builder = builder
         self.notes: list[str] = []
+        self.priced: dict[str, float] = {}
+        self._vectors: dict[str, dict | None] = {}  # TIR vector per PrimFunc name
 
     def rewrite(self, func: relax.Function) -> relax.Function | None:
         body = func.body
@@ -223,15 +268,49 @@ class _FunctionFuser:
             return FusionGraph(patterns, edges, names, rule=tvm_rule, fusible=tvm_fusible)
         return FusionGraph(patterns, edges, names)
 
+    def _price(self, bindings: Sequence[relax.Binding], graph: FusionGraph):  # noqa: ANN202
+        """The learned plan cost of a block, or None (eq. 8) where a kernel it could fuse has
+        no vector (a symbolic size)."""
+        from plus_tvm.costmodel.features import tir_features
+        from plus_tvm.costmodel.fusion_cost import LearnedFusionCost
+
+        machine = self.owner.machine
+        vectors: list[dict | None] = []
+        for node, binding in enumerate(bindings):
+            prim = self._kernel(binding.value) if isinstance(binding, relax.VarBinding) else None
+            if prim is None:
+                vectors.append(None)
+                continue
+            name = binding.value.args[0].name_hint
+            if name not in self._vectors:
+                self._vectors[name] = tir_features(
+                    prim, gir=machine.gir, lanes=machine.lanes, threads=machine.threads
+                )
+            vector = self._vectors[name]
+            if vector is None and graph.fusible(graph.patterns[node]):
+                self.priced["eq8_blocks"] = self.priced.get("eq8_blocks", 0) + 1
+                return None
+            vectors.append(vector)
+        return LearnedFusionCost(self.owner.model, vectors)
+
     # ----------------------------------------------------------------------------- rewrite
     def _fuse_block(self, block: relax.DataflowBlock, body: relax.SeqExpr) -> relax.DataflowBlock:
         bindings = list(block.bindings)
         if len(bindings) < 2:
             return block
         graph = self._graph(bindings)
-        plan = self.owner.plan(graph)
+        price = self._price(bindings, graph) if self.owner.cost == "learned" else None
+        plan = self.owner.plan(graph, price)
+        if price is not None:
+            eq8_plan = self.owner.plan(graph)
+            self.priced["predicted_us"] = self.priced.get("predicted_us", 0.0) + plan.cost
+            self.priced["eq8_plan_us"] = self.priced.get("eq8_plan_us", 0.0) + price(
+                graph, eq8_plan.assignment
+            )
+            self.priced["blocks"] = self.priced.get("blocks", 0) + 1
         if self.owner.explain:
-            self.notes += explain_plan(graph, plan, self.owner.max_group_size)
+            group_us = (lambda nodes: price.group_us(graph, nodes)) if price else None
+            self.notes += explain_plan(graph, plan, self.owner.max_group_size, group_us)
         groups = plan.groups()
         if all(len(g) == 1 for g in groups):
             return block

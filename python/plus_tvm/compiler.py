@@ -124,6 +124,7 @@ def pre_lowering(
         **({"dispatch": recorder.dispatch} if recorder.dispatch is not None else {}),
         "groups": recorder.groups,
         **({"fusion_explain": recorder.explain} if recorder.explain is not None else {}),
+        **({"fusion_cost": recorder.fusion_cost} if recorder.fusion_cost is not None else {}),
         **({"schedule": recorder.schedule} if recorder.schedule is not None else {}),
         "kernel_names": kstats["kernel_names"],
         **(

@@ -22,6 +22,7 @@ CUDA_GRAPH_CHOICES = ("auto", "off", "always")
 GIR_CHOICES = ("auto", "on", "off")
 CONV_LAYOUT_CHOICES = ("auto", "nchw", "nhwc")
 COST_MODEL_CHOICES = ("auto", "analytic", "learned")
+FUSION_COST_CHOICES = ("bytes", "learned")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ class Options:
     fusion_explain : bool
         Report in the stats (``fusion_explain``) why each remaining dependence between two
         kernels was not fused: the rule, the size limit, convexity or the cost model.
+    fusion_cost : {"bytes", "learned"}
+        What prices a fusion plan: eq. 8 (the bytes crossing kernels, ``fusion_alpha`` /
+        ``fusion_beta``) or the learned cost model's predicted time of each fused kernel (the
+        model of ``cost_model_file``; ``stats["fusion_cost"]`` compares the two plans).
     dispatch : bool
         Phase 1: identify +Graphs and dispatch them to warehouse implementations.
     dispatch_cost_model : bool
@@ -62,11 +67,12 @@ class Options:
         ["decisions"]``); ``auto``: learned where this machine has been calibrated for the
         target (a model in the user's cache), else analytic (resolved at compile time).
     cost_model_file : str or None
-        The learned model's file; unset: this machine's calibration for the target kind in the
-        user's cache, else the model shipped with the package (resolved at compile time).
+        The learned model's file (``cost_model`` and ``fusion_cost``); unset: this machine's
+        calibration for the target kind in the user's cache, else the model shipped with the
+        package (resolved at compile time).
     cost_model_id : str
         Hash of the learned model's file, filled in at compile time (it enters
-        :meth:`digest`); empty with the analytic model.
+        :meth:`digest`); empty where nothing uses a learned model.
     merge_linears : bool
         Phase 1, after dispatch: library linears on one input (Q/K/V, gate/up) become one GEMM
         over the joined weights (``MergeSiblingLinears``). Off by default: on the 2-core
@@ -135,6 +141,7 @@ class Options:
     fusion_beta: float = 0.0
     fusion_seed: int = 0
     fusion_explain: bool = False
+    fusion_cost: str = "bytes"
     dispatch: bool = True
     dispatch_cost_model: bool = True
     cost_model: str = "auto"
@@ -173,6 +180,7 @@ class Options:
         object.__setattr__(self, "gir", gir)
         _check_choice("fusion_search", self.fusion_search, FUSION_SEARCH_CHOICES)
         _check_choice("fusion_rules", self.fusion_rules, FUSION_RULES_CHOICES)
+        _check_choice("fusion_cost", self.fusion_cost, FUSION_COST_CHOICES)
         if not isinstance(self.fusion_max_group_size, int) or self.fusion_max_group_size < 1:
             raise OptionsError(
                 f"option fusion_max_group_size must be a positive integer, "

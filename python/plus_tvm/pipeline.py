@@ -197,11 +197,16 @@ def legalize_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
 
 def fuse_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
     """Phase 3: group kernels and merge each group into one PrimFunc."""
-    del target
     if options.fusion == "tvm":
         return [relax.transform.FuseOps(), relax.transform.FuseTIR()]
     from .passes import DPFuseOps
 
+    model = machine = None
+    if options.fusion_cost == "learned":
+        from .costmodel.learned import LearnedCostModel
+
+        model = LearnedCostModel.load(options.cost_model_file or _cost_model_path(target))
+        machine = _kernel_machine(target, options)
     return [
         DPFuseOps(
             search=options.fusion_search,
@@ -211,6 +216,9 @@ def fuse_phase(target: tvm.target.Target, options: Options) -> list[tvm.transfor
             beta=options.fusion_beta,
             seed=options.fusion_seed,
             explain=options.fusion_explain,
+            cost=options.fusion_cost,
+            model=model,
+            machine=machine,
         ),
         relax.transform.FuseTIR(),
     ]
@@ -294,7 +302,8 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
         calibrated = os.path.exists(user_path(target.kind.name, figures_key(target)))
         options = options.replace(cost_model="learned" if calibrated else "analytic")
         changes["cost_model"] = options.cost_model
-    if options.cost_model == "learned" and not options.cost_model_id:
+    learned = options.cost_model == "learned" or options.fusion_cost == "learned"
+    if learned and not options.cost_model_id:
         from .costmodel.learned import LearnedCostModel
 
         path = options.cost_model_file or _cost_model_path(target)

@@ -50,6 +50,13 @@ def stats_text(stats: dict) -> str:
             f"{failure['error']}"
         )
     lines += _decision_lines((stats.get("dispatch") or {}).get("decisions") or (), width)
+    fusion = stats.get("fusion_cost")
+    if fusion:
+        lines.append(
+            f"{'fusion cost':<{width}}  TIR kernels predicted {fusion['predicted_us']:g} us "
+            f"(eq. 8's plan: {fusion['eq8_plan_us']:g} us) over {fusion['blocks']} block(s)"
+            + (f", {fusion['eq8_blocks']} priced by eq. 8" if fusion.get("eq8_blocks") else "")
+        )
     inputs = _inputs_text(stats.get("options") or {})
     if inputs:
         lines.append(f"{'inputs':<{width}}  {inputs}")

@@ -175,6 +175,7 @@ class FusionRecorder:
         self.fusion_passes = fusion_passes
         self.groups: list[dict[str, object]] = []
         self.explain: list[str] | None = None
+        self.fusion_cost: dict[str, object] | None = None
         self.dispatch: dict[str, object] | None = None
         self.schedule: dict[str, object] | None = None
 
@@ -187,5 +188,10 @@ class FusionRecorder:
             self.dispatch = json.loads(str(report)) if report is not None else None
         if info.name in self.fusion_passes:
             self.groups = fused_groups(mod)
-            notes = mod.attrs.get("plus.fusion_explain") if mod.attrs is not None else None
+            from .passes.dp_fuse_ops import COST_ATTR, EXPLAIN_ATTR
+
+            attrs = mod.attrs if mod.attrs is not None else {}
+            notes = attrs.get(EXPLAIN_ATTR)
             self.explain = [str(n) for n in notes] if notes is not None else None
+            priced = attrs.get(COST_ATTR)
+            self.fusion_cost = json.loads(str(priced)) if priced is not None else None

@@ -5,10 +5,10 @@ that runs it is ``plus_tvm.passes.DPFuseOps``.
 """
 
 from .candidates import Candidate, build_candidates, longest_paths
-from .cost import balance_cost, fused_cost, memory_cost
+from .cost import PlanCost, balance_cost, eq8, fused_cost, memory_cost
 from .explain import explain_plan
 from .graph import Edge, FusionGraph
-from .search import Plan, dp_plan, greedy_plan
+from .search import Plan, dp_plan, greedy_plan, split_groups
 from .tvm_rules import OpPattern, tvm_fusible, tvm_rule
 
 __all__ = [
@@ -16,15 +16,18 @@ __all__ = [
     "Edge",
     "FusionGraph",
     "OpPattern",
+    "PlanCost",
     "Plan",
     "balance_cost",
     "build_candidates",
     "dp_plan",
+    "eq8",
     "explain_plan",
     "fused_cost",
     "greedy_plan",
     "longest_paths",
     "memory_cost",
+    "split_groups",
     "tvm_fusible",
     "tvm_rule",
 ]

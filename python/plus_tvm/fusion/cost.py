@@ -6,15 +6,20 @@
 - eq. 8: ``alpha * memory + beta * balance``. The two terms have different units; ``alpha``
   defaults to 1 / (all edge bytes) so the memory term is the fraction of traffic left.
 
-An assignment maps each node to a group id (``-1``: the node stays alone).
+An assignment maps each node to a group id (``-1``: the node stays alone). Another plan cost
+(``PlanCost``: the learned model's predicted time, ``plus_tvm.costmodel.LearnedFusionCost``)
+can replace eq. 8 in the search.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .graph import FusionGraph
+
+#: a plan's cost from its graph and assignment (lower is better)
+PlanCost = Callable[[FusionGraph, Sequence[int]], float]
 
 
 def group_ids(assignment: Sequence[int]) -> list[int]:
@@ -49,3 +54,12 @@ def fused_cost(
         total = sum(e.weight for e in graph.all_edges())
         alpha = 1.0 / total if total else 0.0
     return alpha * memory_cost(graph, assignment) + beta * balance_cost(assignment)
+
+
+def eq8(alpha: float | None = None, beta: float = 0.0) -> PlanCost:
+    """Eq. 8 with these weights as a :data:`PlanCost`."""
+
+    def cost(graph: FusionGraph, assignment: Sequence[int]) -> float:
+        return fused_cost(graph, assignment, alpha, beta)
+
+    return cost

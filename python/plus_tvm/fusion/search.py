@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..mapping import MapPattern
 from .candidates import Candidate, build_candidates
-from .cost import fused_cost
+from .cost import PlanCost, eq8
 from .graph import FusionGraph
 
 
@@ -161,14 +161,17 @@ def greedy_plan(
     max_group_size: int = 64,
     alpha: float | None = None,
     beta: float = 0.0,
+    cost: PlanCost | None = None,
 ) -> Plan:
-    """One program-order scan taking each node's longest candidate, then the second round."""
+    """One program-order scan taking each node's longest candidate, then the second round
+    (scored by ``cost``, default eq. 8 with ``alpha`` and ``beta``)."""
     start = time.perf_counter()
+    cost = cost or eq8(alpha, beta)
     table = table if table is not None else build_candidates(graph, max_group_size)
     state = _State(graph, max_group_size)
     _fill(state, table, range(len(graph)))
     state.second_round()
-    plan = state.plan(fused_cost(graph, state.fused, alpha, beta))
+    plan = state.plan(cost(graph, state.fused))
     plan.plans_tried = 1
     plan.search_s = time.perf_counter() - start
     return plan
@@ -182,13 +185,16 @@ def dp_plan(
     beta: float = 0.0,
     seed: int = 0,
     max_starts: int = 32,
+    cost: PlanCost | None = None,
 ) -> Plan:
-    """Algorithm 2: try first groups from up to ``max_starts`` start nodes, keep the cheapest."""
+    """Algorithm 2: try first groups from up to ``max_starts`` start nodes, keep the cheapest
+    by ``cost`` (default eq. 8 with ``alpha`` and ``beta``)."""
     start_time = time.perf_counter()
+    cost = cost or eq8(alpha, beta)
     table = table if table is not None else build_candidates(graph, max_group_size)
     n = len(graph)
     rng = random.Random(seed)
-    best = greedy_plan(graph, table, max_group_size, alpha, beta)
+    best = greedy_plan(graph, table, max_group_size, cost=cost)
     tried = 1
     fusible = [v for v in range(n) if graph.fusible(graph.patterns[v])]
     fusible.sort(key=lambda v: (-len(table[v][0]), v))
@@ -200,10 +206,71 @@ def dp_plan(
         offset = rng.randrange(n) if n else 0
         _fill(state, table, [(offset + k) % n for k in range(n)])
         state.second_round()
-        cost = fused_cost(graph, state.fused, alpha, beta)
+        value = cost(graph, state.fused)
         tried += 1
-        if cost < best.cost - 1e-12:
-            best = state.plan(cost)
+        if value < best.cost - 1e-12:
+            best = state.plan(value)
     best.plans_tried = tried
     best.search_s = time.perf_counter() - start_time
     return best
+
+
+def split_groups(graph: FusionGraph, plan: Plan, cost: PlanCost, max_rounds: int = 64) -> Plan:
+    """``plan`` with groups cut in two where ``cost`` prices the two kernels below the one.
+
+    Algorithm 2 only assembles maximal groups; a cost that can prefer two kernels to one (the
+    learned model's predicted time, where a fused kernel schedules worse than its halves)
+    needs this step, while eq. 8 never does (a cut only adds crossing bytes). A group is cut
+    between two of its members in program order, both halves convex and the plan acyclic;
+    the cut that lowers the cost most is taken, until none lowers it."""
+    assignment = list(plan.assignment)
+    patterns = dict(plan.patterns)
+    best = cost(graph, assignment)
+    for _ in range(max_rounds):
+        groups: dict[int, list[int]] = {}
+        for node, gid in enumerate(assignment):
+            groups.setdefault(gid, []).append(node)
+        fresh = max(groups, default=-1) + 1
+        choice = None
+        for gid, members in groups.items():
+            for k in range(1, len(members)):
+                head, tail = members[:k], members[k:]
+                if not (graph.is_convex(head) and graph.is_convex(tail)):
+                    continue
+                trial = list(assignment)
+                for node in tail:
+                    trial[node] = fresh
+                if not graph.plan_is_acyclic(trial):
+                    continue
+                value = cost(graph, trial)
+                if value < best - 1e-9 and (choice is None or value < choice[0]):
+                    choice = (value, trial, gid, head, tail)
+        if choice is None:
+            break
+        best, assignment, gid, head, tail = choice
+        patterns[gid], patterns[fresh] = _group_pattern(graph, head), _group_pattern(graph, tail)
+    order = {gid: k for k, gid in enumerate(dict.fromkeys(assignment))}
+    return Plan(
+        [order[g] for g in assignment],
+        {order[g]: p for g, p in patterns.items() if g in order},
+        best,
+        plan.plans_tried,
+        plan.search_s,
+        plan.rejected,
+    )
+
+
+def _group_pattern(graph: FusionGraph, members: Sequence[int]) -> MapPattern:
+    """The class of a group, table 1 folded over its members in program order."""
+    pattern = graph.patterns[members[0]]
+    inside = set(members)
+    for node in members[1:]:
+        preds = [p for p in graph.pred[node] if p in inside]
+        decision = (
+            graph.judge(pattern, preds[0], node)
+            if preds
+            else graph.rule(pattern, graph.patterns[node], False)
+        )
+        if decision.ok:
+            pattern = decision.fused
+    return pattern
