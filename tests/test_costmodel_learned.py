@@ -309,10 +309,45 @@ def test_calibrate_quick_measures_trains_and_writes_a_usable_model(tmp_path, cap
     assert {"tir", "library"} <= {r["part"] for r in measured}
     model = LearnedCostModel.load(str(out))
     assert model.kind == "llvm" and model.data["calibrate_s"] > 0
+    # how busy the rest of the machine was, measured over the run (Linux: /proc/stat)
+    if os.path.exists("/proc/stat"):
+        assert summary["other_load"] is not None and summary["other_load"] >= 0
+        assert model.data["other_load"] == summary["other_load"]
     module = SmallNet().eval()
     x = _inputs()
     m = plus_compile(module, "llvm", x, Options(cost_model="learned", cost_model_file=str(out)))
     np.testing.assert_allclose(m(*x), module(*x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_other_load_is_the_busy_time_this_process_did_not_use():
+    from plus_tvm.costmodel.calibrate import busy_core_s, other_load, own_core_s
+
+    # 10 s of wall time: the machine was busy 14 core-seconds, this process used 9 of them
+    assert other_load((100.0, 114.0), (3.0, 12.0), 10.0) == pytest.approx(0.5)
+    assert other_load((100.0, 105.0), (3.0, 12.0), 10.0) == 0.0  # tick rounding: never below
+    if os.path.exists("/proc/stat"):
+        before, mine = busy_core_s(), own_core_s()
+        sum(i * i for i in range(200_000))
+        assert busy_core_s() >= before and own_core_s() > mine
+
+
+def test_calibrate_warns_when_other_processes_kept_the_machine_busy(tmp_path, monkeypatch, capsys):
+    from plus_tvm.costmodel import calibrate as calibration
+
+    def fake(target, **_kwargs):
+        data = {
+            "samples": {"tir": 1, "library": 1},
+            "accuracy": {},
+            "calibrate_s": 1.0,
+            "other_load": 0.8,
+        }
+        return data, calibration.Measurement()
+
+    monkeypatch.setattr(calibration, "calibrate", fake)
+    out = tmp_path / "cm.json"
+    assert cli.main(["calibrate", "--quick", "--no-progress", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "0.80 cores busy" in err and "quiet machine" in err
 
 
 def test_calibrate_names_an_unknown_zoo_model(capsys):

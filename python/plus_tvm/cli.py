@@ -423,7 +423,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from .costmodel.calibrate import calibrate, write
+    from .costmodel.calibrate import QUIET_LOAD, calibrate, write
     from .costmodel.learned import user_path
     from .gir.model import figures_key
     from .target import resolve_target
@@ -457,6 +457,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         "samples": data["samples"],
         "accuracy": data["accuracy"],
         "calibrate_s": data["calibrate_s"],
+        "other_load": data.get("other_load"),
         "skipped": measured.skipped,
     }
     if args.json:
@@ -466,6 +467,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     print(
         f"samples: {data['samples']['tir']} TIR kernels, {data['samples']['library']} library calls"
     )
+    load = data.get("other_load")
+    if load is not None and load > QUIET_LOAD:
+        print(
+            f"warning: other processes kept {load:.2f} cores busy on average during the run: "
+            "the timings are noisy; calibrate again on a quiet machine",
+            file=sys.stderr,
+        )
     for part, acc in data["accuracy"].items():
         if part.startswith("decisions"):
             by = "the analytic constants" if part.endswith("analytic") else "the learned model"
