@@ -45,6 +45,14 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: module attributes the pass writes (read by ``plus_tvm.stats``)
 EXPLAIN_ATTR = "plus.fusion_explain"
 COST_ATTR = "plus.fusion_cost"
+
+
+def _no_prices() -> dict[str, float]:
+    """The learned cost's record (``COST_ATTR``): predicted us of the chosen plans and of the
+    plans eq. 8 picks, blocks priced, blocks left to eq. 8 (a symbolic kernel)."""
+    return {"predicted_us": 0.0, "eq8_plan_us": 0.0, "blocks": 0, "eq8_blocks": 0}
+
+
 _NUMBER = re.compile(r"\d+$")
 
 
@@ -117,7 +125,7 @@ class DPFuseOps:
         builder = relax.BlockBuilder(mod)
         changed = False
         notes: list[str] = []
-        priced = {"predicted_us": 0.0, "eq8_plan_us": 0.0, "blocks": 0, "eq8_blocks": 0}
+        priced = _no_prices()
         for gvar, func in list(mod.functions_items()):
             if not isinstance(func, relax.Function) or _is_primitive(func):
                 continue
@@ -190,7 +198,7 @@ class _FunctionFuser:
         self.mod = mod
         self.builder = builder
         self.notes: list[str] = []
-        self.priced: dict[str, float] = {}
+        self.priced = _no_prices()
         self._vectors: dict[str, dict | None] = {}  # TIR vector per PrimFunc name
 
     def rewrite(self, func: relax.Function) -> relax.Function | None:
@@ -288,7 +296,7 @@ class _FunctionFuser:
                 )
             vector = self._vectors[name]
             if vector is None and graph.fusible(graph.patterns[node]):
-                self.priced["eq8_blocks"] = self.priced.get("eq8_blocks", 0) + 1
+                self.priced["eq8_blocks"] += 1
                 return None
             vectors.append(vector)
         return LearnedFusionCost(self.owner.model, vectors)
@@ -303,11 +311,9 @@ class _FunctionFuser:
         plan = self.owner.plan(graph, price)
         if price is not None:
             eq8_plan = self.owner.plan(graph)
-            self.priced["predicted_us"] = self.priced.get("predicted_us", 0.0) + plan.cost
-            self.priced["eq8_plan_us"] = self.priced.get("eq8_plan_us", 0.0) + price(
-                graph, eq8_plan.assignment
-            )
-            self.priced["blocks"] = self.priced.get("blocks", 0) + 1
+            self.priced["predicted_us"] += plan.cost
+            self.priced["eq8_plan_us"] += price(graph, eq8_plan.assignment)
+            self.priced["blocks"] += 1
         if self.owner.explain:
             group_us = (lambda nodes: price.group_us(graph, nodes)) if price else None
             self.notes += explain_plan(graph, plan, self.owner.max_group_size, group_us)

@@ -90,6 +90,11 @@ def build(kind: str, shape: list) -> tvm.IRModule:
                 t = bb.emit(op.add(bb.emit(op.nn.gelu(t)), r))
                 t = bb.emit(op.multiply(bb.emit(op.nn.relu(t)), r))
                 y = bb.emit(op.add(bb.emit(op.tanh(t)), r))
+            elif kind == "transpose_exp_tanh":  # a tiled transpose over nested functions
+                r = _var("r", [shape[1], shape[0]])
+                params += [r]
+                t = bb.emit(op.exp(bb.emit(op.permute_dims(bb.emit(op.tanh(x)), [1, 0]))))
+                y = bb.emit(op.tanh(bb.emit(op.multiply(t, r))))
             elif kind == "softmax_exp_tanh":  # a row kernel over nested functions
                 y = bb.emit(op.nn.softmax(bb.emit(op.exp(bb.emit(op.tanh(x)))), axis=-1))
             elif kind == "colsum_exp_tanh":  # a column reduction of nested functions

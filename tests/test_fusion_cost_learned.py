@@ -11,8 +11,8 @@ import numpy as np
 import plus_tvm
 import pytest
 import torch
-from plus_tvm.costmodel.features import TIR_FEATURES
-from plus_tvm.costmodel.fusion_cost import LearnedFusionCost, fused_features
+from plus_tvm.costmodel.features import TIR_FEATURES, fused_features
+from plus_tvm.costmodel.fusion_cost import LearnedFusionCost
 from plus_tvm.costmodel.train import train
 from plus_tvm.fusion import Edge, FusionGraph, dp_plan, eq8, greedy_plan, split_groups
 from plus_tvm.mapping import MapPattern

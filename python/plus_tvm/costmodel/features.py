@@ -236,17 +236,22 @@ SUBGRAPH_FEATURES = (
 )
 
 
+def amount(vector: Mapping[str, float], name: str) -> float:
+    """A ``log2(1 + x)`` magnitude of ``vector`` back as ``x``."""
+    return 2.0 ** vector[name] - 1.0
+
+
 def subgraph_features(members: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """One vector for a subgraph's operators (each legalized alone, :func:`tir_features`): the
     TIR side of a library-vs-TIR choice, which the pipeline fuses into fewer kernels than
     operators (so a sum of per-operator predictions misprices it)."""
 
     def total(name: str) -> float:
-        return _log(sum(2.0 ** m[name] - 1.0 for m in members))
+        return _log(sum(amount(m, name) for m in members))
 
     first, last = members[0], members[-1]
-    flops = sum(2.0 ** m["flops"] - 1.0 for m in members)
-    bytes_in = sum(2.0 ** m["bytes_in"] - 1.0 for m in members)
+    flops = sum(amount(m, "flops") for m in members)
+    bytes_in = sum(amount(m, "bytes_in") for m in members)
     values = {
         "flops": _log(flops),
         "transcendental": total("transcendental"),
@@ -258,12 +263,47 @@ def subgraph_features(members: Sequence[Mapping[str, float]]) -> dict[str, float
         "spatial_extent": max(m["spatial_extent"] for m in members),
         "reduction": max(m["reduction"] for m in members),
         "gather": max(m["gather"] for m in members),
-        "intensity": flops / max(bytes_in + 2.0 ** last["bytes_out"] - 1.0, 1.0),
+        "intensity": flops / max(bytes_in + amount(last, "bytes_out"), 1.0),
         "gir": first["gir"],
         "lanes": first["lanes"],
         "threads": first["threads"],
     }
     return {name: values[name] for name in SUBGRAPH_FEATURES}
+
+
+def fused_features(
+    members: Sequence[Mapping[str, float]], read_inside: float, kept_inside: float
+) -> dict[str, float]:
+    """The TIR vector of the kernel that fuses ``members`` (in program order): ``read_inside``
+    bytes of their inputs come from other members, and ``kept_inside`` bytes of their outputs
+    are read only inside the group (intermediates of the fused kernel)."""
+
+    def total(name: str) -> float:
+        return sum(amount(m, name) for m in members)
+
+    flops = total("flops")
+    bytes_in = max(total("bytes_in") - read_inside, 0.0)
+    bytes_out = max(total("bytes_out") - kept_inside, 0.0)
+    values = {
+        "flops": _log(flops),
+        "transcendental": _log(total("transcendental")),
+        "points": _log(total("points")),
+        "bytes_in": _log(bytes_in),
+        "bytes_out": _log(bytes_out),
+        "bytes_local": _log(total("bytes_local") + kept_inside),
+        "blocks": sum(m["blocks"] for m in members),
+        "reduction_blocks": sum(m["reduction_blocks"] for m in members),
+        "reduce_extent": max(m["reduce_extent"] for m in members),
+        "spatial_extent": max(m["spatial_extent"] for m in members),
+        "inner_extent": members[-1]["inner_extent"],
+        "reduction": max(m["reduction"] for m in members),
+        "gather": max(m["gather"] for m in members),
+        "intensity": flops / max(bytes_in + bytes_out, 1.0),
+        "gir": members[0]["gir"],
+        "lanes": members[0]["lanes"],
+        "threads": members[0]["threads"],
+    }
+    return {name: values[name] for name in TIR_FEATURES}
 
 
 CHOICE_FEATURES = (

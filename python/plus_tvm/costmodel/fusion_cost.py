@@ -16,48 +16,8 @@ from collections.abc import Mapping, Sequence
 
 from ..fusion.cost import group_ids
 from ..fusion.graph import FusionGraph
-from .features import TIR_FEATURES, _log
+from .features import amount, fused_features
 from .learned import LearnedCostModel
-
-
-def _amount(vector: Mapping[str, float], name: str) -> float:
-    """A ``log2(1 + x)`` magnitude back as ``x``."""
-    return 2.0 ** vector[name] - 1.0
-
-
-def fused_features(
-    members: Sequence[Mapping[str, float]], read_inside: float, kept_inside: float
-) -> dict[str, float]:
-    """The TIR vector of the kernel that fuses ``members`` (in program order): ``read_inside``
-    bytes of their inputs come from other members, and ``kept_inside`` bytes of their outputs
-    are read only inside the group (intermediates of the fused kernel)."""
-
-    def total(name: str) -> float:
-        return sum(_amount(m, name) for m in members)
-
-    flops = total("flops")
-    bytes_in = max(total("bytes_in") - read_inside, 0.0)
-    bytes_out = max(total("bytes_out") - kept_inside, 0.0)
-    values = {
-        "flops": _log(flops),
-        "transcendental": _log(total("transcendental")),
-        "points": _log(total("points")),
-        "bytes_in": _log(bytes_in),
-        "bytes_out": _log(bytes_out),
-        "bytes_local": _log(total("bytes_local") + kept_inside),
-        "blocks": sum(m["blocks"] for m in members),
-        "reduction_blocks": sum(m["reduction_blocks"] for m in members),
-        "reduce_extent": max(m["reduce_extent"] for m in members),
-        "spatial_extent": max(m["spatial_extent"] for m in members),
-        "inner_extent": members[-1]["inner_extent"],
-        "reduction": max(m["reduction"] for m in members),
-        "gather": max(m["gather"] for m in members),
-        "intensity": flops / max(bytes_in + bytes_out, 1.0),
-        "gir": members[0]["gir"],
-        "lanes": members[0]["lanes"],
-        "threads": members[0]["threads"],
-    }
-    return {name: values[name] for name in TIR_FEATURES}
 
 
 class LearnedFusionCost:
@@ -104,7 +64,7 @@ class LearnedFusionCost:
             for v in kernels:
                 users = graph.succ[v]
                 if users and all(u in inside for u in users):
-                    kept_inside += _amount(self.vectors[v], "bytes_out")
+                    kept_inside += amount(self.vectors[v], "bytes_out")
             vector = fused_features([self.vectors[v] for v in kernels], read_inside, kept_inside)
             us = self.model.predict_tir_us([vector])[0]
         self._groups[nodes] = us
