@@ -4,11 +4,13 @@ Phase 4 of the pipeline (``plus_tvm.pipeline.schedule_phase``) tries the rules o
 before TVM's own dlight rules: with ``Options.gir`` on, ``GIRLLVM`` on CPU and ``GIRCUDA`` on GPU
 schedule memory-intensive kernels through GIR plans (PowerFusion, paper 002); on CPU
 ``ParallelSpatialLLVM`` then runs the large element-wise blocks of the kernels GIR declined on
-every core.
+every core; on GPU ``RecomputeReductionCUDA`` runs a squeeze-excite's gate (a few reduced values
+scaling a large tensor) as one thread per element instead of dlight's grid of a few blocks.
 """
 
 from .gir_cuda import GIRCUDA
 from .gir_llvm import GIRLLVM
 from .parallel_spatial_llvm import ParallelSpatialLLVM
+from .recompute_reduction_cuda import RecomputeReductionCUDA
 
-__all__ = ["GIRCUDA", "GIRLLVM", "ParallelSpatialLLVM"]
+__all__ = ["GIRCUDA", "GIRLLVM", "ParallelSpatialLLVM", "RecomputeReductionCUDA"]

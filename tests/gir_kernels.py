@@ -39,6 +39,19 @@ def build(kind: str, shape: list) -> tvm.IRModule:
                 g = _var("g", [last])
                 params += [g]
                 y = bb.emit(op.nn.rms_norm(x, g, axes=[-1]))
+            elif kind == "rmsnorm_two_shapes":  # LLaMA: the norm returned as [1, n, d] and [n, d]
+                g = _var("g", [last])
+                params += [g]
+                n = bb.emit(op.nn.rms_norm(x, g, axes=[-1]))
+                flat = bb.emit(op.reshape(n, [shape[-2], last]))
+                y = bb.emit(relax.Tuple([bb.emit(op.reshape(n, shape)), flat]))
+            elif kind == "se_gate":  # squeeze-excite: x * sigmoid(conv1x1(s) + b), s [1, 8, 1, 1]
+                squeezed = _var("s", [1, 8, 1, 1])
+                w, b = _var("w", [shape[1], 8, 1, 1]), _var("b", [shape[1]])
+                params += [squeezed, w, b]
+                conv = bb.emit(op.nn.conv2d(squeezed, w))
+                gate = bb.emit(op.add(conv, bb.emit(op.reshape(b, [1, shape[1], 1, 1]))))
+                y = bb.emit(op.multiply(x, bb.emit(op.sigmoid(gate))))
             elif kind == "softmax":
                 y = bb.emit(op.nn.softmax(x, axis=-1))
             elif kind == "gelu":

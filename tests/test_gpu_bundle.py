@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 from plus_tvm.gpu import bundle as gpu_bundle
-from plus_tvm.gpu.check import kernel_table, table
+from plus_tvm.gpu.check import kernel_table, plus_failures, table
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,6 +97,9 @@ def test_table_separates_plus_from_the_tvm_baseline():
     line = table(results).splitlines()[-1]
     # auto vs off, always vs off, auto vs torch, auto vs compile ro
     assert "| 4.00x | 2.00x | 3.00x | 0.50x | 1.0e-07 | yes | NO |" in line
+    assert plus_failures(results) == []  # TVM's wrong baseline is not a failure of the check
+    results["models"]["m"]["variants"]["plus-auto"] = dict(row, correct=False)
+    assert plus_failures(results) == ["m"]
 
 
 def test_kernel_table_compares_the_same_kernels_of_two_variants():

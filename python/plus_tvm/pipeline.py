@@ -27,7 +27,9 @@ Phase contents today (later work replaces phases one by one, and says so here):
                ``powf`` is NaN for negative ``x``); ``gir`` (default ``auto``: CPU on, GPU
                off): GIR plans of paper 002 for memory-intensive kernels (``GIRLLVM`` on
                CPU, then ``ParallelSpatialLLVM`` for the large element-wise blocks of what
-               GIR declined; ``GIRCUDA`` on GPU, before dlight); GPU: dlight rules (Matmul, GEMV,
+               GIR declined; ``GIRCUDA`` on GPU, before dlight); GPU:
+               ``RecomputeReductionCUDA`` (a squeeze-excite gate: small reductions recomputed
+               per thread of the large epilogue), then dlight rules (Matmul, GEMV,
                Reduction, GeneralReduction, Fallback); CPU with ``gir=off``: none; then
                ``PropagateNaN`` (``propagate_nan``: float max / min return NaN for a NaN
                operand, as torch)
@@ -239,6 +241,8 @@ def _schedule_passes(target: tvm.target.Target, options: Options) -> list[tvm.tr
     from .passes import ApplyScheduleRules
 
     if _is_gpu(target):
+        from .schedules import RecomputeReductionCUDA
+
         gir = []
         if options.gir_enabled(target):
             from .schedules import GIRCUDA
@@ -247,6 +251,7 @@ def _schedule_passes(target: tvm.target.Target, options: Options) -> list[tvm.tr
         return [
             ApplyScheduleRules(
                 *gir,
+                RecomputeReductionCUDA(),
                 dl.gpu.Matmul(),
                 dl.gpu.GEMV(),
                 dl.gpu.Reduction(),

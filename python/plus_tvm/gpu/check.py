@@ -347,14 +347,21 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.out, "kernels.md"), "w") as f:
             f.write(kernel_table(results, args.kernels[0], args.kernels[1]) + "\n")
     print(text)
-    failed = [
-        n
-        for n, r in results["models"].items()
-        if "error" in r or not all(v.get("correct") for v in r["variants"].values())
-    ]
+    failed = plus_failures(results)
     if failed:
-        print(f"gpu_check: not correct: {', '.join(failed)}", file=sys.stderr)
+        print(f"gpu_check: plus not correct: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def plus_failures(results: dict) -> list[str]:
+    """The models where a plus variant failed or was wrong (TVM's own pipeline is a baseline:
+    its wrong outputs are in the table, not a failure of the check)."""
+    return [
+        name
+        for name, r in results["models"].items()
+        if "error" in r
+        or not all(v.get("correct") for k, v in r["variants"].items() if k.startswith("plus"))
+    ]
 
 
 if __name__ == "__main__":
