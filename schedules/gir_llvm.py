@@ -25,11 +25,11 @@ from __future__ import annotations
 import tvm
 from plus_tvm import interrupt
 from plus_tvm.errors import TVM_REFUSAL
-from plus_tvm.gir.analysis import tvm_structural_equal
 from plus_tvm.gir.lowering import permuted_reads, staged_blocks, vectorizable_math
 from plus_tvm.gir.model import Machine
 from plus_tvm.gir.search import REFUSED, Plan, plan_for_rule
 from plus_tvm.tir_blocks import walk_expr
+from plus_tvm.tir_blocks.rebuild import tvm_structural_equal
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
 

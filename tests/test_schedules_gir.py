@@ -73,6 +73,9 @@ CASES += [
     ("silu_mean_2out", [1, 5, 7, 3]),
     ("relu_odd_rows", [1, 8, 28, 28]),
     ("relu_odd_rows", [1, 3, 56, 56]),
+    ("rmsnorm_two_shapes", [1, 64, 256]),
+    ("rmsnorm_two_shapes", [1, 33, 257]),
+    ("rmsnorm_two_shapes", [1, 5, 7]),
 ]
 
 
@@ -280,10 +283,12 @@ def _cuda_source(kind, shape, target):
 
 
 @pytest.mark.parametrize(
-    "kind", ["layernorm", "softmax", "rmsnorm", "rowsum", "add_layernorm_2out"]
+    "kind",
+    ["layernorm", "softmax", "rmsnorm", "rowsum", "add_layernorm_2out", "rmsnorm_two_shapes"],
 )
 def test_cuda_row_kernels_use_warp_shuffles_and_shared_memory(kind, sm90):
-    src = _cuda_source(kind, [512, 768], sm90)
+    shape = [1, 512, 768] if kind == "rmsnorm_two_shapes" else [512, 768]
+    src = _cuda_source(kind, shape, sm90)
     assert "__shfl_down_sync" in src or "__shfl_sync" in src  # warp-level reduction
     if kind != "rowsum":
         assert "__shared__" in src  # row results / staged rows shared by the block

@@ -24,6 +24,13 @@ from tvm import s_tir, tirx
 
 from ..errors import TVM_REFUSAL
 from ..tir_blocks import SPATIAL, BlockInfo, count_ops, expr_vars, gathers
+from ..tir_blocks.rebuild import (
+    rebuilt_block,
+    replace_blocks,
+    simplify_indices,
+    substitute,
+    tvm_structural_equal,
+)
 
 SYMBOLIC_GUESS = 1024  # extent assumed for a symbolic size in the performance model
 
@@ -142,42 +149,128 @@ def _shifted(index: object, store_index: object) -> bool:
     return False
 
 
-def tvm_structural_equal(a: object, b: object) -> bool:
-    import tvm_ffi
-
-    return tvm_ffi.structural_equal(a, b, map_free_vars=False)
-
-
 def normalize(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Fold layout epilogues into the kernel: a final block that only copies another block's
     result into the output under another shape (``reshape``, ``squeeze``) is inlined into its
     producer (``reverse_compute_inline``), so that the producer writes the output directly."""
+    func = simplify_indices(func)
     try:
         sch = s_tir.Schedule(func)
         root = sch.get_sblock("root")
     except TVM_REFUSAL:  # not a schedulable function: analysed as it is
         return func
+    _align_unit_ranks(sch, root)
+    redirected = _copies_of_copies(sch, root, func)
+    if redirected:
+        func = replace_blocks(sch.mod["main"], redirected)
+        sch = s_tir.Schedule(func)
+        root = sch.get_sblock("root")
     _inline_layout_prologues(sch, root, func)
     changed = True
     while changed:
         changed = False
         blocks = sch.get_child_blocks(root)
         for brv in reversed(blocks[1:]):
-            block = sch.get(brv)
-            body = block.body
-            if not isinstance(body, tirx.BufferStore) or block.init is not None:
-                continue
-            if not isinstance(body.value, tvm.ir.TensorLoad):
-                continue
-            if not any(body.buffer.same_as(p) for p in func.params):
+            if not _copies_to_output(sch.get(brv), func):
                 continue
             try:
-                sch.reverse_compute_inline(brv)
+                (producer,) = sch.get_producers(brv)
+                siblings = sch.get_consumers(producer)
+                if len(siblings) == 1:
+                    # TVM's reverse_compute_inline does not check that the producer has no
+                    # other consumer: with one it would leave that one reading a buffer no
+                    # block writes any more
+                    sch.reverse_compute_inline(brv)
+                else:
+                    continue
                 changed = True
                 break
-            except TVM_REFUSAL:  # not invertible: the kernel stays as it is
+            except TVM_REFUSAL:  # not invertible, or several producers (ValueError)
                 continue
     return sch.mod["main"]
+
+
+def _copies_of_copies(sch: s_tir.Schedule, root: object, func: tirx.PrimFunc) -> dict:
+    """Blocks to replace so that a value returned under several shapes (a norm's output as
+    ``[1, n, d]`` and as ``[n, d]``: two copies of one intermediate into two outputs) is
+    copied once from the intermediate and then from that first output: the first copy can
+    then be folded into the value's block, the others are layout copies of an output
+    (``_layout_copies``). Only copies over the same iterators reading the same element (after
+    ``_align_unit_ranks``) are redirected."""
+    new: dict = {}
+    for brv in sch.get_child_blocks(root):
+        if _copies_to_output(sch.get(brv), func) or not _spatial_block(sch.get(brv)):
+            continue
+        copies = [c for c in sch.get_consumers(brv) if _copies_to_output(sch.get(c), func)]
+        if len(copies) < 2 or len(copies) != len(sch.get_consumers(brv)):
+            continue
+        first = sch.get(copies[0])
+        for crv in copies[1:]:
+            other = sch.get(crv)
+            if _static_extents(other) != _static_extents(first) or _static_extents(first) is None:
+                continue
+            to_first = {a.var: b.var for a, b in zip(other.iter_vars, first.iter_vars)}
+            if not all(
+                tvm_structural_equal(substitute(a, to_first), b)
+                for a, b in zip(other.body.value.indices, first.body.value.indices)
+            ):
+                continue
+            to_other = {b.var: a.var for a, b in zip(other.iter_vars, first.iter_vars)}
+            indices = [substitute(i, to_other) for i in first.body.indices]
+            load = tirx.BufferLoad(first.body.buffer, indices)
+            region = tirx.BufferRegion(
+                first.body.buffer, [tvm.ir.Range.from_min_extent(i, 1) for i in indices]
+            )
+            store = tirx.BufferStore(other.body.buffer, load, other.body.indices)
+            new[other.name_hint] = rebuilt_block(other, body=store, reads=[region])
+    return new
+
+
+def _align_unit_ranks(sch: s_tir.Schedule, root: object) -> None:
+    """Give a data-parallel block the leading unit iterators the kernel's other blocks have
+    (a norm returned as ``[1, n, d]`` and as ``[n, d]``: the ``[n, d]`` block iterates
+    ``[1, n, d]`` too), so that every block of a row kernel has the same row axes."""
+    blocks = sch.get_child_blocks(root)
+    extents = [_static_extents(sch.get(b)) for b in blocks]
+    spatial = [e for b, e in zip(blocks, extents) if e is not None and _spatial_block(sch.get(b))]
+    if not spatial:
+        return
+    ref = max(spatial, key=len)
+    for brv, ext in zip(blocks, extents):
+        pad = len(ref) - len(ext) if ext is not None else 0
+        if pad <= 0 or not _spatial_block(sch.get(brv)):
+            continue
+        if any(e != 1 for e in ref[:pad]) or ref[pad:] != ext:
+            continue
+        try:
+            sch.transform_block_layout(brv, _leading_units(pad, len(ext)))
+        except TVM_REFUSAL:  # the block keeps its iterators
+            continue
+
+
+def _leading_units(pad: int, ndim: int) -> tirx.IndexMap:
+    zeros = [tirx.const(0, "int64")] * pad
+    return tirx.IndexMap.from_func(lambda *v: [*zeros, *v], ndim=ndim)
+
+
+def _static_extents(block: object) -> list[int] | None:
+    ext = [iv.dom.extent for iv in block.iter_vars]
+    return [int(e) for e in ext] if all(isinstance(e, tirx.IntImm) for e in ext) else None
+
+
+def _spatial_block(block: object) -> bool:
+    return block.init is None and all(int(iv.iter_type) == SPATIAL for iv in block.iter_vars)
+
+
+def _copies_to_output(block: object, func: tirx.PrimFunc) -> bool:
+    """The block only copies a value into one of the kernel's parameters."""
+    body = block.body
+    return (
+        isinstance(body, tirx.BufferStore)
+        and block.init is None
+        and isinstance(body.value, tvm.ir.TensorLoad)
+        and any(body.buffer.same_as(p) for p in func.params)
+    )
 
 
 def _inline_layout_prologues(sch: s_tir.Schedule, root: object, func: tirx.PrimFunc) -> None:

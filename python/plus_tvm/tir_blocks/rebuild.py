@@ -143,17 +143,117 @@ def map_blocks(s: tirx.Stmt, replace: Replace, keep: BlockFilter | None = None) 
                 init = map_stmt(init, replace, memo, visit)
             if body.same_as(node.body) and (init is None or init.same_as(node.init)):
                 return node
-            return s_tir.SBlock(
-                node.iter_vars,
-                node.reads,
-                node.writes,
-                node.name_hint,
-                body,
-                init,
-                node.alloc_buffers,
-                node.match_buffers,
-                node.annotations,
-            )
+            return rebuilt_block(node, body=body, init=init)
         return map_stmt(node, lambda e: None, memo, visit)
 
     return visit(s)
+
+
+def simplify_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with every load's indices simplified within its block's iterator domains.
+
+    Relax's ``FuseTIR`` leaves a reshape's index arithmetic as written: a ``[1, n, d]`` to
+    ``[n, d]`` reshape reads ``x[0, (j // d + i) % n, j % d]``, which is ``x[0, i, j]`` for
+    ``i < n, j < d``; analyses that classify reads by their indices then see a gather.
+    """
+    from tvm import s_tir
+
+    def visit(node: tirx.Stmt) -> tirx.Stmt:
+        if isinstance(node, s_tir.SBlockRealize):
+            block = visit(node.block)
+            if block.same_as(node.block):
+                return node
+            return s_tir.SBlockRealize(node.iter_values, node.predicate, block)
+        if isinstance(node, s_tir.SBlock):
+            analyzer = tvm.sym.Analyzer()
+            for iv in node.iter_vars:
+                analyzer.bind(iv.var, iv.dom)
+
+            def replace(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
+                if not isinstance(e, tvm.ir.TensorLoad):
+                    return None
+                indices = [  # plain iterators stay (a unit one is not folded to 0)
+                    i if isinstance(i, (tirx.Var, tirx.IntImm)) else analyzer.simplify(i)
+                    for i in e.indices
+                ]
+                if all(tvm_structural_equal(a, b) for a, b in zip(indices, e.indices)):
+                    return None
+                return tirx.BufferLoad(e.source, indices)
+
+            memo: dict = {}  # per block: the analyzer knows this block's iterators only
+            body = map_stmt(node.body, replace, memo, visit)
+            init = node.init
+            if init is not None:
+                init = map_stmt(init, replace, memo, visit)
+            if body.same_as(node.body) and (init is None or init.same_as(node.init)):
+                return node
+            return rebuilt_block(node, body=body, init=init)
+        return map_stmt(node, lambda e: None, {}, visit)
+
+    body = visit(func.body)
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+def tvm_structural_equal(a: object, b: object) -> bool:
+    import tvm_ffi
+
+    return tvm_ffi.structural_equal(a, b, map_free_vars=False)
+
+
+def substitute(e: tvm.ir.Expr, vmap: dict) -> tvm.ir.Expr:
+    """``e`` with each variable in ``vmap`` (keyed by the variable) replaced."""
+    pairs = list(vmap.items())
+
+    def replace(x: tvm.ir.Expr) -> tvm.ir.Expr | None:
+        if isinstance(x, tirx.Var):
+            return next((new for old, new in pairs if old.same_as(x)), None)
+        return None
+
+    return map_expr(e, replace)
+
+
+def replace_blocks(func: tirx.PrimFunc, new: dict) -> tirx.PrimFunc:
+    """``func`` with the blocks named in ``new`` replaced by ``new[name]`` (an ``SBlock``)."""
+    from tvm import s_tir
+
+    def visit(node: tirx.Stmt) -> tirx.Stmt:
+        if isinstance(node, s_tir.SBlockRealize):
+            block = new.get(node.block.name_hint)
+            if block is None:
+                inner = visit(node.block)
+                if inner.same_as(node.block):
+                    return node
+                block = inner
+            return s_tir.SBlockRealize(node.iter_values, node.predicate, block)
+        if isinstance(node, s_tir.SBlock):
+            body = map_stmt(node.body, lambda e: None, {}, visit)
+            if body.same_as(node.body):
+                return node
+            return rebuilt_block(node, body=body)
+        return map_stmt(node, lambda e: None, {}, visit)
+
+    body = visit(func.body)
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+def rebuilt_block(
+    block: object,
+    *,
+    body: tirx.Stmt | None = None,
+    init: tirx.Stmt | None = None,
+    reads: list | None = None,
+) -> object:
+    """``block`` with the given fields replaced (the others kept)."""
+    from tvm import s_tir
+
+    return s_tir.SBlock(
+        block.iter_vars,
+        block.reads if reads is None else reads,
+        block.writes,
+        block.name_hint,
+        block.body if body is None else body,
+        block.init if init is None else init,
+        block.alloc_buffers,
+        block.match_buffers,
+        block.annotations,
+    )
