@@ -9,7 +9,8 @@ None, reason)`` says why from the same analysis: the GIR rules and ``ParallelSpa
 and the stats show the reasons per rule as ``schedule.declined_because``), and so does a rule whose
 schedule TVM refuses (a ``TVMError``, e.g. a dlight rule asserting on a kernel shape it was not
 written for), and so does a rule whose schedule the GPU could not run (more static shared
-memory than a block may have: the reason goes to ``declined_because``). A rule failing with
+memory than a block may have), and so does one of plus's own GPU rules whose schedule TVM's
+TIR lowering refuses (the reasons go to ``declined_because``). A rule failing with
 any other error (a bug in the rule) is *reported* (module attribute ``plus.schedule``, shown
 in the stats as ``schedule``, and a warning) and the next rule tries: a crashing rule never
 hides as "does not apply", and never fails a compile that TVM's own pipeline would finish
@@ -108,6 +109,10 @@ class ApplyScheduleRules:
             if over:  # the GPU would refuse the kernel at load: the next rule tries
                 report.declined_because[rule_name][over] += 1
                 continue
+            refused = "" if _from_tvm(rule) else _lowering_refuses(scheduled, target)
+            if refused:  # TVM's own lowering would fail the compile: the next rule tries
+                report.declined_because[rule_name][refused] += 1
+                continue
             report.scheduled[rule_name] += 1
             return scheduled.with_attr("tirx.is_scheduled", True)
         report.unscheduled += 1
@@ -188,6 +193,27 @@ def _per_block_shared_bytes(func: tirx.PrimFunc, target: tvm.target.Target) -> i
     except TVM_REFUSAL:
         return None
     return static_shared_bytes(lowered["main"])
+
+
+def _lowering_refuses(func: tirx.PrimFunc, target: tvm.target.Target) -> str:
+    """Why TVM's TIR lowering for ``target``'s GPU refuses a schedule of one of plus's own rules
+    ('' when it lowers). Checked only on GPU targets, where lowering rejects schedules the
+    primitives accepted: a ``__syncthreads`` that ``ThreadSync`` would have to place under a
+    thread-dependent condition (GIR's CUDA row schedule of a MobileViT kernel), for one."""
+    if "gpu" not in target.keys:
+        return ""
+    from tvm.s_tir.pipeline import default_s_tir_pipeline
+
+    lower = default_s_tir_pipeline()[0]
+    main = func.with_attr("global_symbol", "main").with_attr("target", target)
+    mod = tvm.IRModule({"main": main})
+    try:
+        with target:
+            lower(mod)
+    except TVM_REFUSAL as err:
+        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+        return f"TVM's lowering refused the schedule: {lines[-1].strip() if lines else ''}"[:200]
+    return ""
 
 
 def _from_tvm(rule: ScheduleRule) -> bool:

@@ -114,3 +114,24 @@ def test_what_counts_is_the_memory_one_block_keeps_after_lowering():
         out = ApplyScheduleRules(GIRCUDA(), dl.gpu.Fallback())(mod)
     assert static_shared_bytes(alone.mod["main"]) > STATIC_SHARED_LIMIT  # as declared
     assert json.loads(out.attrs["plus.schedule"])["scheduled"] == {"GIRCUDA": 1}
+
+
+def test_a_schedule_tvm_cannot_lower_is_declined():
+    """GIR's CUDA row schedule of a softmax over rows of one element (MobileViT's attention
+    over a 1x1 patch grid) puts a ``__syncthreads`` under a thread-dependent condition, which
+    TVM's ``ThreadSync`` refuses at build time: the schedule is declined, the next rule takes the
+    kernel and the model compiles."""
+    from gir_kernels import fused_primfunc
+    from plus_tvm.schedules import GIRCUDA
+
+    target = tvm.target.Target(SM90)
+    func = fused_primfunc("softmax", [16, 1], target)
+    mod = tvm.IRModule({"softmax": func})
+    with target:
+        out = ApplyScheduleRules(GIRCUDA(), dl.gpu.Fallback())(mod)
+        main = out["softmax"].with_attr("global_symbol", "main")
+        tvm.compile(tvm.IRModule({"main": main}), target)  # no schedule TVM cannot lower
+    report = json.loads(out.attrs["plus.schedule"])
+    assert report["scheduled"] == {"Fallback": 1}
+    (reason,) = report["declined_because"]["GIRCUDA"]
+    assert "TVM's lowering refused the schedule" in reason and "syncs inside condition" in reason
