@@ -6,11 +6,19 @@ schedule memory-intensive kernels through GIR plans (PowerFusion, paper 002); on
 ``ParallelSpatialLLVM`` then runs the large element-wise blocks of the kernels GIR declined on
 every core; on GPU ``RecomputeReductionCUDA`` runs a squeeze-excite's gate (a few reduced values
 scaling a large tensor) as one thread per element instead of dlight's grid of a few blocks.
+All of them are ``ReasonedRule``s: they say why they decline a kernel.
 """
 
 from .gir_cuda import GIRCUDA
 from .gir_llvm import GIRLLVM
 from .parallel_spatial_llvm import ParallelSpatialLLVM
+from .reasoned_rule import ReasonedRule
 from .recompute_reduction_cuda import RecomputeReductionCUDA
 
-__all__ = ["GIRCUDA", "GIRLLVM", "ParallelSpatialLLVM", "RecomputeReductionCUDA"]
+__all__ = [
+    "GIRCUDA",
+    "GIRLLVM",
+    "ParallelSpatialLLVM",
+    "ReasonedRule",
+    "RecomputeReductionCUDA",
+]

@@ -27,10 +27,11 @@ from plus_tvm.gir.lowering import permuted_reads
 from plus_tvm.gir.model import Machine
 from plus_tvm.gir.search import REFUSED, Plan, plan_for_rule
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
+
+from .reasoned_rule import ReasonedRule
 
 
-class GIRCUDA(ScheduleRule):
+class GIRCUDA(ReasonedRule):
     """GIR schedules for CUDA targets.
 
     Parameters
@@ -44,9 +45,6 @@ class GIRCUDA(ScheduleRule):
     def __init__(self, budget: int = 0, machine: Machine | None = None) -> None:
         self.budget = budget
         self.machine = machine
-
-    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        return self.apply_with_reason(func, target)[0]
 
     def apply_with_reason(self, func: tirx.PrimFunc, target: tvm.target.Target):
         """The schedule, or ``None`` and why (from the same analysis: ``ApplyScheduleRules``

@@ -31,10 +31,11 @@ from plus_tvm.gir.search import REFUSED, Plan, plan_for_rule
 from plus_tvm.tir_blocks import walk_expr
 from plus_tvm.tir_blocks.rebuild import tvm_structural_equal
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
+
+from .reasoned_rule import ReasonedRule
 
 
-class GIRLLVM(ScheduleRule):
+class GIRLLVM(ReasonedRule):
     """GIR schedules for llvm targets.
 
     Parameters
@@ -51,9 +52,6 @@ class GIRLLVM(ScheduleRule):
         self.budget = budget
         self.fast_math = fast_math
         self.machine = machine
-
-    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        return self.apply_with_reason(func, target)[0]
 
     def apply_with_reason(self, func: tirx.PrimFunc, target: tvm.target.Target):
         """The schedule, or ``None`` and why (from the same analysis: ``ApplyScheduleRules``

@@ -23,14 +23,15 @@ import tvm
 from plus_tvm.errors import TVM_REFUSAL
 from plus_tvm.tir_blocks import BlockInfo, count_ops
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
+
+from .reasoned_rule import OPAQUE, ReasonedRule
 
 # at most this many cheap operations (a negation, a select of a concatenation) per element in a
 # block that counts as moving data; anything transcendental never does
 MOVE_OPS = 2
 
 
-class ParallelSpatialLLVM(ScheduleRule):
+class ParallelSpatialLLVM(ReasonedRule):
     """Parallel (and, where it divides, vectorized) spatial blocks for llvm targets.
 
     Parameters
@@ -48,18 +49,14 @@ class ParallelSpatialLLVM(ScheduleRule):
         self.lanes = lanes
         self.min_parallel = min_parallel
 
-    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        return self.apply_with_reason(func, target)[0]
-
     def apply_with_reason(self, func: tirx.PrimFunc, target: tvm.target.Target):
         """The schedule, or ``None`` and why (``ApplyScheduleRules`` reports it)."""
         if target.kind.name != "llvm":
             return None, f"a {target.kind.name} target"
-        try:
-            sch = s_tir.Schedule(func)
-            blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        except TVM_REFUSAL:  # opaque functions are not ours to schedule
-            return None, "no schedulable root block (opaque code)"
+        found = self.root_blocks(func)
+        if found is None:
+            return None, OPAQUE
+        sch, blocks = found
         if self._inline_data_movement(sch, blocks):
             blocks = sch.get_child_blocks(sch.get_sblock("root"))
         changed = False  # a large block runs parallel (inlining alone does not make it ours)

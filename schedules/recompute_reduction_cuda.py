@@ -31,10 +31,11 @@ import math
 import tvm
 from plus_tvm.errors import TVM_REFUSAL
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
+
+from .reasoned_rule import OPAQUE, ReasonedRule
 
 
-class RecomputeReductionCUDA(ScheduleRule):
+class RecomputeReductionCUDA(ReasonedRule):
     """Small reductions recomputed per thread of a large element-wise epilogue (GPU targets).
 
     Parameters
@@ -65,18 +66,14 @@ class RecomputeReductionCUDA(ScheduleRule):
         self.max_reduced = max_reduced
         self.max_work = max_work
 
-    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool):
-        return self.apply_with_reason(func, target)[0]
-
     def apply_with_reason(self, func: tirx.PrimFunc, target: tvm.target.Target):
         """The schedule, or ``None`` and why (``ApplyScheduleRules`` reports it)."""
         if "gpu" not in target.keys:
             return None, f"a {target.kind.name} target (not a GPU)"
-        try:
-            sch = s_tir.Schedule(func)
-            blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        except TVM_REFUSAL:  # opaque functions are not ours to schedule
-            return None, "no schedulable root block (opaque code)"
+        found = self.root_blocks(func)
+        if found is None:
+            return None, OPAQUE
+        sch, blocks = found
         if len(blocks) < 2:
             return None, "a single block"
         output = blocks[-1]

@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 import tvm
-from gir_kernels import fused_primfunc, random_args, run
+from gir_kernels import fused_primfunc, random_args, run, run_cuda
 from plus_tvm.passes import ApplyScheduleRules
 from plus_tvm.schedules import RecomputeReductionCUDA
 from plus_tvm.target import resolve_target
@@ -88,12 +88,7 @@ def test_gate_numerics_on_gpu(shape):
     target = resolve_target("cuda")
     func = fused_primfunc("se_gate", shape, target)
     sch = RecomputeReductionCUDA(min_elements=512).apply(func, target, False)
-    f = tvm.compile(
-        tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target
-    )
     arrays = random_args(func)
-    dev = tvm.cuda(0)
-    args = [tvm.runtime.tensor(a, dev) for a in arrays]
-    f["main"](*args)
+    got = run_cuda(sch.mod["main"], arrays)
     want = run(func, resolve_target("llvm"), arrays)
-    np.testing.assert_allclose(args[-1].numpy(), want[-1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[-1], want[-1], rtol=1e-5, atol=1e-5)

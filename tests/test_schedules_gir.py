@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import tvm
-from gir_kernels import build, fused_primfunc, random_args, run
+from gir_kernels import build, fused_primfunc, random_args, run, run_cuda
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from plus_tvm.gir import machine_for, plan
@@ -355,16 +355,11 @@ def test_cuda_numerics_on_gpu(kind):
     func = fused_primfunc(kind, shape, target)
     sch = GIRCUDA().apply(func, target, False)
     assert sch is not None
-    f = tvm.compile(
-        tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target
-    )
     arrays = random_args(func)
-    dev = tvm.cuda(0)
-    args = [tvm.runtime.tensor(a, dev) for a in arrays]
-    f["main"](*args)
+    got = run_cuda(sch.mod["main"], arrays)
     want = run(func, resolve_target("llvm"), arrays)
-    for w, a in zip(want, args):
-        np.testing.assert_allclose(a.numpy(), w, rtol=1e-4, atol=1e-4)
+    for w, a in zip(want, got):
+        np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4)
 
 
 # ------------------------------------------------------------------------- whole models
