@@ -117,3 +117,24 @@ def test_kernel_table_compares_the_same_kernels_of_two_variants():
     assert lines[2] == "| m | k1 | 0.2000 | 0.1000 | 2.00x |"  # slowest under the first first
     assert lines[3] == "| m | k2 | 0.1000 | 0.2000 | 0.50x |"
     assert lines[4] == "| m | all 2 | 0.3000 | 0.3000 | 1.00x |"
+
+
+def test_variants_are_timed_in_rounds_in_turn():
+    import argparse
+    import time
+
+    from plus_tvm.gpu.check import _more_rounds
+
+    order = []
+    timers = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    rows = {"a": {"median_ms": 5.0}, "b": {"median_ms": 1.0}}
+    args = argparse.Namespace(rounds=3, runs=2, deadline=time.perf_counter() + 60)
+    _more_rounds(rows, timers, args)
+    assert len(rows["a"]["round_ms"]) == len(rows["b"]["round_ms"]) == 3
+    assert order[:4] == ["a", "a", "a", "a"] and order[4:8] == ["b"] * 4  # a's round, then b's
+    assert order[8:12] == ["a"] * 4  # in turn: A B A B
+    # the median of the round medians: the first round's 5 ms and two near-zero rounds
+    assert rows["a"]["median_ms"] < 1.0 and rows["a"]["round_spread"] > 1.0
+    late = {"a": {"median_ms": 2.0}}
+    _more_rounds(late, {"a": lambda: None}, argparse.Namespace(rounds=3, runs=2, deadline=0.0))
+    assert late["a"]["round_ms"] == [2.0] and late["a"]["median_ms"] == 2.0  # no time left
