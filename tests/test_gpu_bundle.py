@@ -87,16 +87,20 @@ def test_table_separates_plus_from_the_tvm_baseline():
                 "variants": {
                     "plus-off": dict(row, median_ms=4.0),
                     "plus-always": dict(row, median_ms=2.0),
-                    "plus-auto": row,
+                    "plus-auto": dict(row, round_spread=0.04),
+                    "plus-gir": dict(row, median_ms=1.6, round_spread=0.02),
                     "tvm": {"median_ms": 2.0, "max_rel_err": float("inf"), "correct": False},
                 },
                 "peers": {"eager": {"median_ms": 3.0}, "compile-ro": {"median_ms": 0.5}},
             }
         }
     }
-    line = table(results).splitlines()[-1]
-    # auto vs off, always vs off, auto vs torch, auto vs compile ro
-    assert "| 4.00x | 2.00x | 3.00x | 0.50x | 1.0e-07 | yes | NO |" in line
+    lines = table(results).splitlines()
+    assert len({ln.count("|") for ln in lines}) == 1  # header, rule and rows line up
+    # auto vs off, always vs off, gir vs always, auto vs torch, auto vs compile (not timed),
+    # auto vs compile ro; the error, the widest round spread, correctness of plus and of TVM
+    expected = "| 4.00x | 2.00x | 1.25x | 3.00x | - | 0.50x | 1.0e-07 | 4.0% | yes | NO |"
+    assert expected in lines[-1]
     assert plus_failures(results) == []  # TVM's wrong baseline is not a failure of the check
     results["models"]["m"]["variants"]["plus-auto"] = dict(row, correct=False)
     assert plus_failures(results) == ["m"]

@@ -232,28 +232,33 @@ def _brief(row: dict) -> str:
 
 
 def table(results: dict) -> str:
-    """The markdown table of a gpu_check result: medians (ms), ratios, plus's error, and whether
-    plus and TVM's own pipeline were correct (TVM's baseline is reported, never fixed up)."""
+    """The markdown table of a gpu_check result: medians (ms), ratios, plus's error, the widest
+    spread of plus's timing rounds, and whether plus and TVM's own pipeline were correct (TVM's
+    baseline is reported, never fixed up)."""
     rows = [
-        "| model | plus off | plus always | plus auto | TVM | torch | compile | compile ro "
-        "| auto vs off | always vs off | auto vs torch | auto vs compile ro | plus max rel err "
+        "| model | plus off | plus always | plus auto | plus gir | TVM | torch | compile "
+        "| compile ro | auto vs off | always vs off | gir vs always | auto vs torch "
+        "| auto vs compile | auto vs compile ro | plus max rel err | round spread "
         "| plus correct | TVM correct |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|" + "---:|" * 16 + "---|---|",
     ]
     for name, res in results["models"].items():
         v, p = res.get("variants", {}), res.get("peers", {})
         if not v:
-            rows.append(f"| {name} | {res.get('error', 'no result')} |" + " |" * 13)
+            rows.append(f"| {name} | {res.get('error', 'no result')} |" + " |" * 17)
             continue
         ms = {k: (row or {}).get("median_ms") for k, row in {**v, **p}.items()}
         alw, auto = ms.get("plus-always"), ms.get("plus-auto")
         plus = {k: r for k, r in v.items() if k.startswith("plus")}
         errs = [r["max_rel_err"] for r in plus.values() if r.get("max_rel_err") is not None]
-        keys = ("plus-off", "plus-always", "plus-auto", "tvm", "eager", "compile", "compile-ro")
-        cells = [_num(ms.get(k)) for k in keys]
+        spreads = [r["round_spread"] for r in plus.values() if "round_spread" in r]
+        keys = ("plus-off", "plus-always", "plus-auto", "plus-gir", "tvm", "eager", "compile")
+        cells = [_num(ms.get(k)) for k in (*keys, "compile-ro")]
         cells += [_ratio(auto, ms.get("plus-off")), _ratio(alw, ms.get("plus-off"))]
-        cells += [_ratio(auto, ms.get(k)) for k in ("eager", "compile-ro")]
+        cells.append(_ratio(ms.get("plus-gir"), alw))
+        cells += [_ratio(auto, ms.get(k)) for k in ("eager", "compile", "compile-ro")]
         cells.append(f"{max(errs):.1e}" if errs else "-")
+        cells.append(f"{max(spreads):.1%}" if spreads else "-")
         cells.append(_yes(all(r.get("correct") for r in plus.values())))
         cells.append(_yes(v["tvm"].get("correct")) if "tvm" in v else "-")
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
