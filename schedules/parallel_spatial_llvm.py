@@ -21,7 +21,7 @@ import math
 
 import tvm
 from plus_tvm.errors import TVM_REFUSAL
-from plus_tvm.tir_blocks import BlockInfo, count_ops
+from plus_tvm.tir_blocks import BlockInfo, count_ops, is_data_parallel
 from tvm import s_tir, tirx
 
 from .reasoned_rule import OPAQUE, ReasonedRule
@@ -82,7 +82,7 @@ class ParallelSpatialLLVM(ReasonedRule):
                 continue
             try:
                 consumers = sch.get_consumers(brv)
-                if not consumers or not all(_spatial(sch.get(c)) for c in consumers):
+                if not consumers or not all(is_data_parallel(sch.get(c)) for c in consumers):
                     continue
                 sch.compute_inline(brv)  # refused for a block writing an output
                 inlined = True
@@ -92,7 +92,7 @@ class ParallelSpatialLLVM(ReasonedRule):
 
     def _schedule_block(self, sch: s_tir.Schedule, brv: object) -> bool:
         block = sch.get(brv)
-        if not _spatial(block):
+        if not is_data_parallel(block):
             return False  # reductions (and opaque iterators) keep their order
         loops = sch.get_loops(brv)
         if not loops or len(loops) != len(block.iter_vars):
@@ -120,15 +120,10 @@ class ParallelSpatialLLVM(ReasonedRule):
         return True
 
 
-def _spatial(block: object) -> bool:
-    """Every iterator data-parallel and no init (not a reduction, no ordered iterator)."""
-    return block.init is None and all(int(iv.iter_type) == 0 for iv in block.iter_vars)
-
-
 def _moves_data(block: object) -> bool:
     """A spatial block with one store whose value is loads and at most ``MOVE_OPS`` cheap
     operations (reshape, transpose, slice, concatenate, negate, cast)."""
-    if not _spatial(block) or block.alloc_buffers or block.match_buffers:
+    if not is_data_parallel(block) or block.alloc_buffers or block.match_buffers:
         return False
     info = BlockInfo(block)
     if len(info.stores) != 1:

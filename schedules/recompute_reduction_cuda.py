@@ -30,6 +30,7 @@ import math
 
 import tvm
 from plus_tvm.errors import TVM_REFUSAL
+from plus_tvm.tir_blocks import is_data_parallel
 from tvm import s_tir, tirx
 
 from .reasoned_rule import OPAQUE, ReasonedRule
@@ -78,9 +79,9 @@ class RecomputeReductionCUDA(ReasonedRule):
             return None, "a single block"
         output = blocks[-1]
         out_size = _static_points(sch, output)
-        if not _spatial(sch.get(output)) or out_size is None:
+        if not is_data_parallel(sch.get(output)) or out_size is None:
             return None, "the last block is not a static data-parallel loop nest"
-        reductions = [b for b in blocks[:-1] if not _spatial(sch.get(b))]
+        reductions = [b for b in blocks[:-1] if not is_data_parallel(sch.get(b))]
         if not reductions:
             return None, "no reduction"
         reduced_data, work = 0, 0
@@ -122,10 +123,6 @@ class RecomputeReductionCUDA(ReasonedRule):
             sch.compute_at(red, tx, preserve_unit_loops=True)
             sch.set_scope(red, 0, "local")
         return sch
-
-
-def _spatial(block: object) -> bool:
-    return block.init is None and all(int(iv.iter_type) == 0 for iv in block.iter_vars)
 
 
 def _static_points(sch: s_tir.Schedule, brv: object) -> int | None:

@@ -23,7 +23,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..errors import TVM_REFUSAL
-from ..tir_blocks import SPATIAL, BlockInfo, count_ops, expr_vars, gathers
+from ..tir_blocks import SPATIAL, BlockInfo, count_ops, expr_vars, gathers, is_data_parallel
 from ..tir_blocks.rebuild import (
     rebuilt_block,
     replace_blocks,
@@ -175,14 +175,12 @@ def normalize(func: tirx.PrimFunc) -> tirx.PrimFunc:
                 continue
             try:
                 (producer,) = sch.get_producers(brv)
-                siblings = sch.get_consumers(producer)
-                if len(siblings) == 1:
+                if len(sch.get_consumers(producer)) != 1:
                     # TVM's reverse_compute_inline does not check that the producer has no
-                    # other consumer: with one it would leave that one reading a buffer no
-                    # block writes any more
-                    sch.reverse_compute_inline(brv)
-                else:
+                    # other consumer: it would leave that one reading a buffer no block
+                    # writes any more
                     continue
+                sch.reverse_compute_inline(brv)
                 changed = True
                 break
             except TVM_REFUSAL:  # not invertible, or several producers (ValueError)
@@ -199,7 +197,7 @@ def _copies_of_copies(sch: s_tir.Schedule, root: object, func: tirx.PrimFunc) ->
     ``_align_unit_ranks``) are redirected."""
     new: dict = {}
     for brv in sch.get_child_blocks(root):
-        if _copies_to_output(sch.get(brv), func) or not _spatial_block(sch.get(brv)):
+        if _copies_to_output(sch.get(brv), func) or not is_data_parallel(sch.get(brv)):
             continue
         copies = [c for c in sch.get_consumers(brv) if _copies_to_output(sch.get(c), func)]
         if len(copies) < 2 or len(copies) != len(sch.get_consumers(brv)):
@@ -232,13 +230,13 @@ def _align_unit_ranks(sch: s_tir.Schedule, root: object) -> None:
     ``[1, n, d]`` too), so that every block of a row kernel has the same row axes."""
     blocks = sch.get_child_blocks(root)
     extents = [_static_extents(sch.get(b)) for b in blocks]
-    spatial = [e for b, e in zip(blocks, extents) if e is not None and _spatial_block(sch.get(b))]
+    spatial = [e for b, e in zip(blocks, extents) if e is not None and is_data_parallel(sch.get(b))]
     if not spatial:
         return
     ref = max(spatial, key=len)
     for brv, ext in zip(blocks, extents):
         pad = len(ref) - len(ext) if ext is not None else 0
-        if pad <= 0 or not _spatial_block(sch.get(brv)):
+        if pad <= 0 or not is_data_parallel(sch.get(brv)):
             continue
         if any(e != 1 for e in ref[:pad]) or ref[pad:] != ext:
             continue
@@ -256,10 +254,6 @@ def _leading_units(pad: int, ndim: int) -> tirx.IndexMap:
 def _static_extents(block: object) -> list[int] | None:
     ext = [iv.dom.extent for iv in block.iter_vars]
     return [int(e) for e in ext] if all(isinstance(e, tirx.IntImm) for e in ext) else None
-
-
-def _spatial_block(block: object) -> bool:
-    return block.init is None and all(int(iv.iter_type) == SPATIAL for iv in block.iter_vars)
 
 
 def _copies_to_output(block: object, func: tirx.PrimFunc) -> bool:

@@ -21,6 +21,7 @@ from .block import (
     block_infos,
     count_ops,
     expr_ops,
+    is_data_parallel,
     is_unit,
 )
 from .walk import (
@@ -48,6 +49,7 @@ __all__ = [
     "count_ops",
     "expr_ops",
     "expr_vars",
+    "is_data_parallel",
     "gathers",
     "has_load",
     "is_opaque",

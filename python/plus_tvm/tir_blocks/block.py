@@ -43,6 +43,12 @@ def is_unit(iv: tirx.IterVar) -> bool:
     return isinstance(extent, tirx.IntImm) and int(extent) == 1
 
 
+def is_data_parallel(block: object) -> bool:
+    """Every iterator of ``block`` data-parallel and no init: not a reduction, no ordered or
+    opaque iterator."""
+    return block.init is None and all(int(iv.iter_type) == SPATIAL for iv in block.iter_vars)
+
+
 class BlockInfo:
     """One block: its iterators sorted into loops and units, its stores and their reads.
 

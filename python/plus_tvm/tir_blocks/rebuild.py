@@ -123,30 +123,15 @@ def map_blocks(s: tirx.Stmt, replace: Replace, keep: BlockFilter | None = None) 
     ``keep(block)`` true leaves that block's own body and init as they are (its nested blocks
     are still visited).
     """
-    from tvm import s_tir
-
     memo: dict = {}
 
-    def visit(node: tirx.Stmt) -> tirx.Stmt:
-        if isinstance(node, s_tir.SBlockRealize):
-            block = visit(node.block)
-            return (
-                node
-                if block.same_as(node.block)
-                else s_tir.SBlockRealize(node.iter_values, node.predicate, block)
-            )
-        if isinstance(node, s_tir.SBlock):
-            skip = keep is not None and keep(node)
-            body = visit(node.body) if skip else map_stmt(node.body, replace, memo, visit)
-            init = node.init
-            if init is not None and not skip:
-                init = map_stmt(init, replace, memo, visit)
-            if body.same_as(node.body) and (init is None or init.same_as(node.init)):
-                return node
-            return rebuilt_block(node, body=body, init=init)
-        return map_stmt(node, lambda e: None, memo, visit)
+    def on_block(block: object, visit: Callable) -> object:
+        if keep is not None and keep(block):
+            body = visit(block.body)
+            return block if body.same_as(block.body) else rebuilt_block(block, body=body)
+        return _mapped_block(block, replace, memo, visit)
 
-    return visit(s)
+    return _map_block_tree(s, on_block)
 
 
 def simplify_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -156,7 +141,51 @@ def simplify_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
     ``[n, d]`` reshape reads ``x[0, (j // d + i) % n, j % d]``, which is ``x[0, i, j]`` for
     ``i < n, j < d``; analyses that classify reads by their indices then see a gather.
     """
+
+    def on_block(block: object, visit: Callable) -> object:
+        analyzer = tvm.sym.Analyzer()  # per block: it knows this block's iterators only
+        for iv in block.iter_vars:
+            analyzer.bind(iv.var, iv.dom)
+
+        def replace(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
+            if not isinstance(e, tvm.ir.TensorLoad):
+                return None
+            indices = [  # plain iterators stay (a unit one is not folded to 0)
+                i if isinstance(i, (tirx.Var, tirx.IntImm)) else analyzer.simplify(i)
+                for i in e.indices
+            ]
+            if all(tvm_structural_equal(a, b) for a, b in zip(indices, e.indices)):
+                return None
+            return tirx.BufferLoad(e.source, indices)
+
+        return _mapped_block(block, replace, {}, visit)
+
+    body = _map_block_tree(func.body, on_block)
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+def replace_blocks(func: tirx.PrimFunc, new: dict) -> tirx.PrimFunc:
+    """``func`` with the blocks named in ``new`` replaced by ``new[name]`` (an ``SBlock``)."""
+
+    def on_block(block: object, visit: Callable) -> object:
+        found = new.get(block.name_hint)
+        return found if found is not None else _mapped_block(block, _unchanged, {}, visit)
+
+    body = _map_block_tree(func.body, on_block)
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+def _unchanged(e: tvm.ir.Expr) -> None:
+    """The :data:`Replace` that keeps every node."""
+    return None
+
+
+def _map_block_tree(s: tirx.Stmt, on_block: Callable) -> tirx.Stmt:
+    """``s`` with every block (nested ones through ``visit``) replaced by
+    ``on_block(block, visit)``; statements around blocks are rebuilt only where one changed."""
     from tvm import s_tir
+
+    memo: dict = {}
 
     def visit(node: tirx.Stmt) -> tirx.Stmt:
         if isinstance(node, s_tir.SBlockRealize):
@@ -165,33 +194,22 @@ def simplify_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
                 return node
             return s_tir.SBlockRealize(node.iter_values, node.predicate, block)
         if isinstance(node, s_tir.SBlock):
-            analyzer = tvm.sym.Analyzer()
-            for iv in node.iter_vars:
-                analyzer.bind(iv.var, iv.dom)
+            return on_block(node, visit)
+        return map_stmt(node, _unchanged, memo, visit)
 
-            def replace(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
-                if not isinstance(e, tvm.ir.TensorLoad):
-                    return None
-                indices = [  # plain iterators stay (a unit one is not folded to 0)
-                    i if isinstance(i, (tirx.Var, tirx.IntImm)) else analyzer.simplify(i)
-                    for i in e.indices
-                ]
-                if all(tvm_structural_equal(a, b) for a, b in zip(indices, e.indices)):
-                    return None
-                return tirx.BufferLoad(e.source, indices)
+    return visit(s)
 
-            memo: dict = {}  # per block: the analyzer knows this block's iterators only
-            body = map_stmt(node.body, replace, memo, visit)
-            init = node.init
-            if init is not None:
-                init = map_stmt(init, replace, memo, visit)
-            if body.same_as(node.body) and (init is None or init.same_as(node.init)):
-                return node
-            return rebuilt_block(node, body=body, init=init)
-        return map_stmt(node, lambda e: None, {}, visit)
 
-    body = visit(func.body)
-    return func if body.same_as(func.body) else func.with_body(body)
+def _mapped_block(block: object, replace: Replace, memo: dict, visit: Callable) -> object:
+    """``block`` with :func:`map_expr` applied to its body and init (nested blocks through
+    ``visit``); the same object where nothing changed."""
+    body = map_stmt(block.body, replace, memo, visit)
+    init = block.init
+    if init is not None:
+        init = map_stmt(init, replace, memo, visit)
+    if body.same_as(block.body) and (init is None or init.same_as(block.init)):
+        return block
+    return rebuilt_block(block, body=body, init=init)
 
 
 def tvm_structural_equal(a: object, b: object) -> bool:
@@ -210,30 +228,6 @@ def substitute(e: tvm.ir.Expr, vmap: dict) -> tvm.ir.Expr:
         return None
 
     return map_expr(e, replace)
-
-
-def replace_blocks(func: tirx.PrimFunc, new: dict) -> tirx.PrimFunc:
-    """``func`` with the blocks named in ``new`` replaced by ``new[name]`` (an ``SBlock``)."""
-    from tvm import s_tir
-
-    def visit(node: tirx.Stmt) -> tirx.Stmt:
-        if isinstance(node, s_tir.SBlockRealize):
-            block = new.get(node.block.name_hint)
-            if block is None:
-                inner = visit(node.block)
-                if inner.same_as(node.block):
-                    return node
-                block = inner
-            return s_tir.SBlockRealize(node.iter_values, node.predicate, block)
-        if isinstance(node, s_tir.SBlock):
-            body = map_stmt(node.body, lambda e: None, {}, visit)
-            if body.same_as(node.body):
-                return node
-            return rebuilt_block(node, body=body)
-        return map_stmt(node, lambda e: None, {}, visit)
-
-    body = visit(func.body)
-    return func if body.same_as(func.body) else func.with_body(body)
 
 
 def rebuilt_block(
