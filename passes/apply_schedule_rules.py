@@ -27,6 +27,7 @@ from collections import Counter, defaultdict
 import tvm
 from plus_tvm import interrupt
 from plus_tvm.errors import TVM_REFUSAL
+from plus_tvm.schedules.reasoned_rule import NOTE_ATTR
 from plus_tvm.tir_blocks import static_shared_bytes
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
@@ -114,6 +115,10 @@ class ApplyScheduleRules:
                 report.declined_because[rule_name][refused] += 1
                 continue
             report.scheduled[rule_name] += 1
+            note = scheduled.attrs.get(NOTE_ATTR) if scheduled.attrs is not None else None
+            if note is not None:
+                report.notes[name] = json.loads(str(note))
+                scheduled = scheduled.without_attr(NOTE_ATTR)
             return scheduled.with_attr("tirx.is_scheduled", True)
         report.unscheduled += 1
         return None
@@ -129,6 +134,7 @@ class _Report:
         self.declined_because: defaultdict = defaultdict(Counter)
         self.failed: list[dict[str, str]] = []
         self.unscheduled = 0
+        self.notes: dict[str, dict] = {}  # kernel -> how its rule chose the schedule
 
     def fail(self, kernel: str, rule: str, err: Exception) -> None:
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
@@ -148,6 +154,7 @@ class _Report:
                 "declined_because": {r: dict(c) for r, c in self.declined_because.items()},
                 "failed": self.failed,
                 "unscheduled": self.unscheduled,
+                **({"notes": self.notes} if self.notes else {}),
             },
             sort_keys=True,
         )

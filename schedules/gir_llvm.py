@@ -27,12 +27,12 @@ from plus_tvm import interrupt
 from plus_tvm.errors import TVM_REFUSAL
 from plus_tvm.gir.lowering import permuted_reads, staged_blocks, vectorizable_math
 from plus_tvm.gir.model import Machine
-from plus_tvm.gir.search import REFUSED, Plan, plan_for_rule
+from plus_tvm.gir.search import REFUSED, Plan, PlanRanker, plan_for_rule
 from plus_tvm.tir_blocks import walk_expr
 from plus_tvm.tir_blocks.rebuild import tvm_structural_equal
 from tvm import s_tir, tirx
 
-from .reasoned_rule import ReasonedRule
+from .reasoned_rule import ReasonedRule, with_note
 
 
 class GIRLLVM(ReasonedRule):
@@ -46,30 +46,69 @@ class GIRLLVM(ReasonedRule):
         Map float32 ``exp``/``sigmoid`` to vectorizable polynomials.
     machine : plus_tvm.gir.model.Machine, optional
         The performance model's figures (default: ``machine_for`` the target when applied).
+    ranker : plus_tvm.gir.search.PlanRanker, optional
+        Picks among the performance model's best plans by predicted time (the learned cost
+        model's ``LearnedPlanRanker``); default: the performance model's best.
     """
 
-    def __init__(self, budget: int = 0, fast_math: bool = True, machine: Machine | None = None):
+    def __init__(
+        self,
+        budget: int = 0,
+        fast_math: bool = True,
+        machine: Machine | None = None,
+        ranker: PlanRanker | None = None,
+    ):
         self.budget = budget
         self.fast_math = fast_math
         self.machine = machine
+        self.ranker = ranker
 
     def apply_with_reason(self, func: tirx.PrimFunc, target: tvm.target.Target):
         """The schedule, or ``None`` and why (from the same analysis: ``ApplyScheduleRules``
         reports the reason as ``schedule.declined_because``)."""
         why: list[str] = []
-        p = plan_for_rule(func, target, "llvm", self.budget, self.machine, why)
+        p = plan_for_rule(func, target, "llvm", self.budget, self.machine, why, self.ranker)
         if p is None:
             return None, why[0] if why else "no GIR plan"
+        sch = self.lower_plan(func, p)
+        if sch is None:
+            return None, REFUSED
+        if p.predicted:  # a ranker chose: its predictions beside the performance model's
+            estimates = {_key(params): s * 1e6 for s, params in p.ranked}
+            sch = with_note(
+                sch,
+                {
+                    "gir_plan": p.params,
+                    "ranked_by": "learned",
+                    "plans": [
+                        {
+                            "params": params,
+                            "predicted_us": round(us, 3),
+                            "estimate_us": round(estimates[_key(params)], 3),
+                        }
+                        for us, params in p.predicted
+                    ],
+                },
+            )
+        return sch, None
+
+    def lower_plan(self, func: tirx.PrimFunc, p: Plan) -> s_tir.Schedule | None:
+        """The schedule of plan ``p`` of ``func``: the most vectorized lowering TVM's schedule
+        primitives accept, or ``None`` when they refuse every one."""
         # TVM's vectorizer emits int8 vectors into bool buffers (a dtype mismatch): kernels
         # touching booleans keep the plan's parallel structure but no vectors
         levels = (0,) if _touches_bool(func) else (2, 1, 0)
         for level in levels:
             try:
-                return lower(p.func or func, p, level, self.fast_math), None
+                return lower(p.func or func, p, level, self.fast_math)
             except TVM_REFUSAL:  # a primitive refused: try a plainer lowering
                 interrupt.check()
                 continue
-        return None, REFUSED
+        return None
+
+
+def _key(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
 
 
 def _touches_bool(func: tirx.PrimFunc) -> bool:

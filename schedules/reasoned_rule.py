@@ -16,6 +16,17 @@ from tvm.s_tir.dlight.base.schedule_rule import ScheduleRule
 # why a rule declines a function whose blocks it cannot reach
 OPAQUE = "no schedulable root block (opaque code)"
 
+# a function attribute a rule may set on its schedule to say how it chose it (a JSON object);
+# ``ApplyScheduleRules`` moves it into its report (``schedule.notes``, per kernel) and drops it
+NOTE_ATTR = "plus.schedule_note"
+
+
+def with_note(sch: s_tir.Schedule, note: dict) -> s_tir.Schedule:
+    """``sch``'s function carrying ``note`` (see ``NOTE_ATTR``)."""
+    import json
+
+    return s_tir.Schedule(sch.mod["main"].with_attr(NOTE_ATTR, json.dumps(note, sort_keys=True)))
+
 
 class ReasonedRule(ScheduleRule):
     """A schedule rule whose ``apply_with_reason`` says why it declined."""

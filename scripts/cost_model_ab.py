@@ -3,11 +3,11 @@
 
 For each model: the library-vs-TIR decisions and kernels of option set A (default
 ``cost_model=analytic``) and B (default ``cost_model=learned``; ``--b fusion_cost=learned``
-compares fusion plans priced by the model with eq. 8) from ``plus_tvm.inspect``, no code
-generated. A model whose decisions and kernels are the same compiles to the same code (stated,
-not timed). A model where something changed is compiled both ways, exported, and each library
-timed in fresh processes, alternated A B A B (median of ``--runs`` after 3 warm-up runs each),
-with both outputs checked against torch eager.
+compares fusion plans priced by the model with eq. 8, ``--b gir_cost=learned`` GIR plans ranked
+by it) from ``plus_tvm.inspect``, no code generated. A model whose decisions, kernels and plans
+are the same compiles to the same code (stated, not timed). A model where something changed is
+compiled both ways, exported, and each library timed in fresh processes, alternated A B A B
+(median of ``--runs`` after 3 warm-up runs each), with both outputs checked against torch eager.
 
     .venv/bin/python scripts/cost_model_ab.py --model-file /tmp/cm.json --out /tmp/ab.json
     .venv/bin/python scripts/cost_model_ab.py --a "" --b fusion_cost=learned
@@ -57,6 +57,17 @@ def choices(stats: dict) -> Counter:
     )
 
 
+def plan_changes(stats: dict) -> list[str]:
+    """The kernels whose GIR plan a ranker chose differently from the performance model's best
+    (``schedule.notes``; the notes list the plans in the performance model's order)."""
+    notes = (stats.get("schedule") or {}).get("notes") or {}
+    return sorted(
+        f"{kernel}: GIR plan {n['plans'][0]['params']} -> {n['gir_plan']}"
+        for kernel, n in notes.items()
+        if n["gir_plan"] != n["plans"][0]["params"]
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-file", help="learned model (default: this machine's / shipped)")
@@ -94,9 +105,15 @@ def main() -> int:
             "kernels": {v: s["kernels"] for v, s in stats.items()},
             "changed": sorted(
                 f"{e} -> {k}: {c} x{n}" for (e, k, c), n in ((a - b) + (b - a)).items()
-            ),
+            )
+            + plan_changes(stats["analytic"])
+            + plan_changes(stats["learned"]),
         }
-        same = a == b and stats["analytic"]["kernel_names"] == stats["learned"]["kernel_names"]
+        same = (
+            a == b
+            and stats["analytic"]["kernel_names"] == stats["learned"]["kernel_names"]
+            and not row["changed"]
+        )
         if not same:
             paths = {}
             for v, o in variants.items():

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -129,7 +130,7 @@ def _synthetic(tir_us, lib_us, groups: int = 40) -> list[dict]:
 def test_a_trained_model_ranks_held_out_kernels_and_round_trips(tmp_path):
     records = _synthetic(lambda f: 1 + f / 1e3, lambda f: 5 + f / 1e5)
     data = train(records, seed=1, rounds=80)
-    assert data["samples"] == {"tir": 40, "library": 40, "subgraph": 0, "choice": 0}
+    assert data["samples"] == {"tir": 40, "library": 40, "subgraph": 0, "choice": 0, "gir_plan": 0}
     assert data["accuracy"]["tir"]["spearman"] >= 0.9
     path = tmp_path / "m.json"
     path.write_text(json.dumps(data))
@@ -304,9 +305,15 @@ def test_calibrate_quick_measures_trains_and_writes_a_usable_model(tmp_path, cap
     assert code == 0
     summary = json.loads(printed)
     assert summary["samples"]["tir"] >= 8 and summary["samples"]["library"] >= 2
+    # several GIR plans of a kernel, each timed, and the cross-validated plan choices
+    assert summary["samples"]["gir_plan"] >= 2
+    assert {"gir_plans", "gir_plans_analytic"} <= set(summary["accuracy"])
     measured = json.loads(records.read_text())["records"]
     assert all(r["us"] > 0 for r in measured)
-    assert {"tir", "library"} <= {r["part"] for r in measured}
+    assert {"tir", "library", "gir_plan"} <= {r["part"] for r in measured}
+    plans = [r for r in measured if r["part"] == "gir_plan"]
+    by_kernel = Counter(r["kernel"] for r in plans)
+    assert all(n >= 2 for n in by_kernel.values())
     model = LearnedCostModel.load(str(out))
     assert model.kind == "llvm" and model.data["calibrate_s"] > 0
     # how busy the rest of the machine was, measured over the run (Linux: /proc/stat)

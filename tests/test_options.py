@@ -207,7 +207,7 @@ def test_stats_name_the_resolved_inputs_and_the_gir_model_reads_them(monkeypatch
     """What a compile read is in stats["options"]; the GIR rule plans with those figures."""
     import plus_tvm
     from plus_tvm.pattern_warehouse import ENV_VAR
-    from plus_tvm.pipeline import _gir_machine
+    from plus_tvm.pipeline import gir_machine
     from plus_tvm.target import resolve_target
     from torch import nn
 
@@ -216,7 +216,7 @@ def test_stats_name_the_resolved_inputs_and_the_gir_model_reads_them(monkeypatch
     used = stats["options"]
     assert used["warehouse_env"] == [] and used["threads"] >= 1 and used["gir_global_gbps"] > 0
     llvm = resolve_target("llvm")
-    machine = _gir_machine(llvm, Options(gir_global_gbps=12.0, gir_cache_gbps=34.0, threads=1))
+    machine = gir_machine(llvm, Options(gir_global_gbps=12.0, gir_cache_gbps=34.0, threads=1))
     assert (machine.global_gbps, machine.cache_gbps, machine.units) == (12.0, 34.0, 1)
     assert machine.measured
 

@@ -123,8 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--zoo",
         default=None,
-        help="comma-separated zoo models whose tiny twins join the corpus (default: all ten; "
-        "'none' for none)",
+        help="comma-separated zoo models whose tiny twins (and full sizes, unless --quick or "
+        "--tiny-zoo) join the corpus (default: all ten; 'none' for none)",
+    )
+    p.add_argument(
+        "--tiny-zoo",
+        action="store_true",
+        help="only the zoo models' tiny twins, not their full sizes (faster)",
     )
     p.add_argument("--seed", type=int, default=0, help="draws the corpus' programs")
     p.add_argument(
@@ -443,6 +448,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         target,
         quick=args.quick,
         zoo=zoo,
+        full_zoo=not (args.quick or args.tiny_zoo),
         seed=args.seed,
         progress=not args.no_progress,
         min_ms=args.min_ms,
@@ -465,7 +471,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         return 0
     print(f"wrote {path} ({data['calibrate_s']} s)")
     print(
-        f"samples: {data['samples']['tir']} TIR kernels, {data['samples']['library']} library calls"
+        f"samples: {data['samples']['tir']} TIR kernels, {data['samples']['library']} library "
+        f"calls, {data['samples'].get('gir_plan', 0)} GIR plans"
     )
     load = data.get("other_load")
     if load is not None and load > QUIET_LOAD:
@@ -480,6 +487,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             print(
                 f"held-out library-vs-TIR choices by {by}: {acc['right']} of {acc['n']} right, "
                 f"{acc['regret'] * 100:.1f}% slower than the best choices"
+            )
+        elif part.startswith("gir_plans"):
+            by = "the GIR performance model" if part.endswith("analytic") else "the learned model"
+            print(
+                f"held-out GIR plans by {by}: the fastest of a kernel's measured plans for "
+                f"{acc['right']} of {acc['n']} kernels, {acc['regret'] * 100:.1f}% slower than "
+                "the fastest plans"
             )
         else:
             print(

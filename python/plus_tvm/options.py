@@ -23,6 +23,7 @@ GIR_CHOICES = ("auto", "on", "off")
 CONV_LAYOUT_CHOICES = ("auto", "nchw", "nhwc")
 COST_MODEL_CHOICES = ("auto", "analytic", "learned")
 FUSION_COST_CHOICES = ("bytes", "learned")
+GIR_COST_CHOICES = ("analytic", "learned")
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,9 @@ class Options:
         ["decisions"]``); ``auto``: learned where this machine has been calibrated for the
         target (a model in the user's cache), else analytic (resolved at compile time).
     cost_model_file : str or None
-        The learned model's file (``cost_model`` and ``fusion_cost``); unset: this machine's
-        calibration for the target kind in the user's cache, else the model shipped with the
-        package (resolved at compile time).
+        The learned model's file (``cost_model``, ``fusion_cost`` and ``gir_cost``); unset:
+        this machine's calibration for the target kind in the user's cache, else the model
+        shipped with the package (resolved at compile time).
     cost_model_id : str
         Hash of the learned model's file, filled in at compile time (it enters
         :meth:`digest`); empty where nothing uses a learned model.
@@ -93,6 +94,11 @@ class Options:
     gir_search_budget : int
         Most GIR candidate graphs the search evaluates per kernel (0: all of them; they are
         few, and the performance model's lower bound stops the search early).
+    gir_cost : {"analytic", "learned"}
+        What ranks a kernel's GIR plans on CPU: the performance model (paper 002's bytes per
+        memory level, synchronizations, occupancy), or the learned cost model's ``gir_plan``
+        regressor (the model of ``cost_model_file``) over the performance model's best four
+        (``costmodel.gir_cost``; ``stats["gir_plans"]`` lists the predictions).
     gir_global_gbps, gir_cache_gbps : float
         CPU copy bandwidths (memory, and in cache per core; GB/s) of the GIR performance model.
         0 (default): the measurement ``python -m plus_tvm.gir.model`` stored for the target,
@@ -152,6 +158,7 @@ class Options:
     warehouse_env: tuple[str, ...] | None = None
     gir: str = "auto"
     gir_search_budget: int = 0
+    gir_cost: str = "analytic"
     gir_global_gbps: float = 0.0
     gir_cache_gbps: float = 0.0
     threads: int = 0
@@ -181,6 +188,7 @@ class Options:
         _check_choice("fusion_search", self.fusion_search, FUSION_SEARCH_CHOICES)
         _check_choice("fusion_rules", self.fusion_rules, FUSION_RULES_CHOICES)
         _check_choice("fusion_cost", self.fusion_cost, FUSION_COST_CHOICES)
+        _check_choice("gir_cost", self.gir_cost, GIR_COST_CHOICES)
         if not isinstance(self.fusion_max_group_size, int) or self.fusion_max_group_size < 1:
             raise OptionsError(
                 f"option fusion_max_group_size must be a positive integer, "

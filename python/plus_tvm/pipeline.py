@@ -247,7 +247,7 @@ def _schedule_passes(target: tvm.target.Target, options: Options) -> list[tvm.tr
         if options.gir_enabled(target):
             from .schedules import GIRCUDA
 
-            gir = [GIRCUDA(budget=options.gir_search_budget, machine=_gir_machine(target, options))]
+            gir = [GIRCUDA(budget=options.gir_search_budget, machine=gir_machine(target, options))]
         return [
             ApplyScheduleRules(
                 *gir,
@@ -262,12 +262,30 @@ def _schedule_passes(target: tvm.target.Target, options: Options) -> list[tvm.tr
     if options.gir_enabled(target):
         from .schedules import GIRLLVM, ParallelSpatialLLVM
 
-        rule = GIRLLVM(budget=options.gir_search_budget, machine=_gir_machine(target, options))
+        rule = GIRLLVM(
+            budget=options.gir_search_budget,
+            machine=gir_machine(target, options),
+            ranker=_plan_ranker(target, options),
+        )
         return [ApplyScheduleRules(rule, ParallelSpatialLLVM())]
     return []
 
 
-def _gir_machine(target: tvm.target.Target, options: Options):  # noqa: ANN202
+def _plan_ranker(target: tvm.target.Target, options: Options):  # noqa: ANN202
+    """The learned ranking of GIR plans (``gir_cost="learned"``), else None."""
+    if options.gir_cost != "learned":
+        return None
+    from .costmodel.gir_cost import LearnedPlanRanker
+    from .costmodel.learned import CostModelError, LearnedCostModel
+
+    model = LearnedCostModel.load(options.cost_model_file or _cost_model_path(target))
+    try:
+        return LearnedPlanRanker(model, _kernel_machine(target, options))
+    except ValueError as err:
+        raise CostModelError(str(err)) from None
+
+
+def gir_machine(target: tvm.target.Target, options: Options):  # noqa: ANN202
     """The GIR performance model's figures from the options (unresolved ones as
     :func:`resolve_inputs` would resolve them now)."""
     from .gir.model import machine_for
@@ -307,7 +325,7 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
         calibrated = os.path.exists(user_path(target.kind.name, figures_key(target)))
         options = options.replace(cost_model="learned" if calibrated else "analytic")
         changes["cost_model"] = options.cost_model
-    learned = options.cost_model == "learned" or options.fusion_cost == "learned"
+    learned = "learned" in (options.cost_model, options.fusion_cost, options.gir_cost)
     if learned and not options.cost_model_id:
         from .costmodel.learned import LearnedCostModel
 

@@ -49,6 +49,7 @@ def stats_text(stats: dict) -> str:
             f"{'rule failed':<{width}}  {failure['rule']} on {failure['kernel']}: "
             f"{failure['error']}"
         )
+    lines += _plan_lines(schedule.get("notes") or {}, width)
     lines += _decision_lines((stats.get("dispatch") or {}).get("decisions") or (), width)
     fusion = stats.get("fusion_cost")
     if fusion:
@@ -61,6 +62,29 @@ def stats_text(stats: dict) -> str:
     if inputs:
         lines.append(f"{'inputs':<{width}}  {inputs}")
     return "\n".join(lines)
+
+
+def _plan_lines(notes: dict, width: int, most: int = 8) -> list[str]:
+    """GIR plans a learned ranker picked (``schedule.notes``): how many kernels, and those
+    where it departs from the performance model's best, with both predictions."""
+    ranked = {k: n for k, n in notes.items() if n.get("ranked_by") == "learned"}
+    if not ranked:
+        return []
+    moved = {k: n for k, n in ranked.items() if n["gir_plan"] != n["plans"][0]["params"]}
+    lines = [
+        f"{'GIR plans':<{width}}  {len(ranked)} kernel(s) ranked by the learned model, "
+        f"{len(moved)} away from the performance model's best"
+    ]
+    for kernel, n in sorted(moved.items())[:most]:
+        first = n["plans"][0]
+        pick = next(e for e in n["plans"] if e["params"] == n["gir_plan"])
+        lines.append(
+            f"{'GIR plan':<{width}}  {kernel}: {pick['params']} predicted "
+            f"{pick['predicted_us']:g} us, not {first['params']} ({first['predicted_us']:g} us)"
+        )
+    if len(moved) > most:
+        lines.append(f"{'GIR plan':<{width}}  ... {len(moved) - most} more (stats['schedule'])")
+    return lines
 
 
 def _decision_lines(decisions: object, width: int, most: int = 12) -> list[str]:

@@ -42,7 +42,7 @@ from ..kernel_timing import random_args, signatures
 from ..options import Options
 from ..target import device_for
 from .corpus import TIR_FLOP_LIMIT, Program, programs
-from .features import subgraph_features, tir_features
+from .features import gir_plan_features, subgraph_features, tir_features
 from .train import choice_of
 
 
@@ -231,6 +231,63 @@ class Calibrator:
                         "kernel": name,
                     }
                 )
+        if self.target.kind.name == "llvm":
+            records += self.gir_plan_records(group, fused, options.replace(gir="on"))
+        return records
+
+    def gir_plan_records(self, group: str, fused: tvm.IRModule, options: Options) -> list[dict]:
+        """Records of the GIR performance model's best plans (up to ``gir_cost.TOP``) of every
+        statically shaped kernel of ``fused`` that GIR plans in more than one way, each plan
+        lowered as ``GIRLLVM`` lowers it and timed alone (``plan`` = its rank by the
+        performance model; ``kernel`` names the kernel the plans share)."""
+        from ..gir.search import candidate_plans
+        from ..passes import ExpandIntegerPower
+        from ..pipeline import gir_machine
+        from ..schedules import GIRLLVM
+        from .gir_cost import TOP
+
+        with tvm.transform.PassContext(opt_level=3), self.target:
+            kernels = ExpandIntegerPower()(fused)  # as the schedule phase sees them
+        machine = gir_machine(self.target, options)
+        rule = GIRLLVM(machine=machine)
+        sigs = signatures(kernels)
+        funcs, made = {}, {}
+        for name in sigs:
+            func = kernels[name]
+            vector = tir_features(func, gir=True, lanes=self.lanes, threads=self.threads)
+            if vector is None:
+                continue
+            plans = candidate_plans(func, self.target, 0, machine, exhaustive=True)[:TOP]
+            if len(plans) < 2:
+                continue
+            for rank, p in enumerate(plans):
+                sch = rule.lower_plan(func, p)
+                if sch is None:
+                    continue
+                variant = f"{name}__gir{rank}"
+                funcs[variant] = sch.mod["main"].with_attr("global_symbol", variant)
+                features = gir_plan_features(
+                    vector, p.kernel.structure, p.params, p.estimate.seconds
+                )
+                made[variant] = (name, rank, features)
+        if not funcs:
+            return []
+        lib = tvm.compile(tvm.IRModule(funcs), self.target).mod
+        records, args = [], {}
+        for variant, (name, rank, features) in made.items():
+            if name not in args:
+                args[name] = random_args(sigs[name]["args"], self.dev, self.rng)
+            records.append(
+                {
+                    "part": "gir_plan",
+                    "group": group,
+                    "features": features,
+                    "us": _kernel_us(lib, variant, self.dev, args[name]),
+                    "launches": sigs[name]["launches"],
+                    "kernel": f"{group}/{name}",
+                    "plan": rank,
+                }
+            )
         return records
 
     # ------------------------------------------------------------------ programs
@@ -249,7 +306,7 @@ class Calibrator:
             # the choice as the dispatcher prices it: the call against its subgraph's
             # operators legalized alone; measured: the call against the kernels the pipeline
             # makes of the subgraph (memory schedules on, as on this target by default)
-            scheduled = [r for r in tir if r["features"]["gir"]]
+            scheduled = [r for r in tir if r["part"] == "tir" and r["features"]["gir"]]
             tir_us = sum(r["us"] * r["launches"] for r in scheduled)
             out.pairs.append(
                 {
@@ -407,13 +464,15 @@ def calibrate(
     *,
     quick: bool = False,
     zoo: tuple[str, ...] | None = None,
+    full_zoo: bool = False,
     seed: int = 0,
     progress: bool = True,
     min_ms: float = 20.0,
 ) -> tuple[dict, Measurement]:
-    """Measure the corpus (and the tiny twins of ``zoo``, default :func:`zoo_models`) on
-    ``target`` and train a model; returns
-    the model file's contents and the measurements."""
+    """Measure the corpus (and the tiny twins of ``zoo``, default :func:`zoo_models`, and with
+    ``full_zoo`` the models at their full sizes: the kernels and GIR plans compiled models
+    run) on ``target`` and train a model; returns the model file's contents and the
+    measurements."""
     from ..gir.model import figures_key
     from .train import train
 
@@ -422,6 +481,8 @@ def calibrate(
     calibrator = Calibrator(target, min_ms=min_ms)
     drawn = programs(quick=quick, seed=seed)
     zoo = zoo_models() if zoo is None else zoo
+    twins = [name if name.endswith("-tiny") else f"{name}-tiny" for name in zoo]
+    zoo = twins + [name for name in zoo if full_zoo and not name.endswith("-tiny")]
     out = Measurement()
     with _bar(len(drawn) + len(zoo), progress) as bar:
         for program in drawn:
@@ -435,13 +496,12 @@ def calibrate(
             bar.update(1)
         for name in zoo:
             bar.set_postfix_str(name)
-            tiny = name if name.endswith("-tiny") else f"{name}-tiny"
             began = time.perf_counter()
             try:
-                calibrator.measure_zoo(tiny, out)
+                calibrator.measure_zoo(name, out)
             except (PlusError, *TVM_FAILURE) as err:
-                out.skipped.append(f"zoo:{tiny}: {str(err).strip().splitlines()[-1][:160]}")
-            out.seconds[f"zoo:{tiny}"] = round(time.perf_counter() - began, 2)
+                out.skipped.append(f"zoo:{name}: {str(err).strip().splitlines()[-1][:160]}")
+            out.seconds[f"zoo:{name}"] = round(time.perf_counter() - began, 2)
             bar.update(1)
     meta = {
         "target_kind": target.kind.name,
@@ -459,6 +519,8 @@ def calibrate(
     data["calibrate_s"] = round(time.perf_counter() - start, 1)
     if out.pairs:
         data["accuracy"].update(cross_validated_decisions(out.records, out.pairs, meta, seed))
+    if any(r["part"] == "gir_plan" for r in out.records):
+        data["accuracy"].update(cross_validated_plans(out.records, meta, seed))
     return data, out
 
 
@@ -470,31 +532,55 @@ def cross_validated_decisions(
     from .learned import LearnedCostModel
     from .train import decision_accuracy, train
 
-    groups = sorted({p["group"] for p in pairs})
-    rng = np.random.default_rng(seed)
-    rng.shuffle(groups)
     learned = {"right": 0, "n": 0, "chosen_us": 0.0, "best_us": 0.0}
-    for k in range(folds):
-        held = set(groups[k::folds])
-        if not held:
-            continue
+    for held in _folds(list({p["group"] for p in pairs}), folds, seed):
         fold = [p for p in pairs if p["group"] in held]
         model = LearnedCostModel(
             train([r for r in records if r["group"] not in held], holdout=0, seed=seed, meta=meta),
             "",
         )
         got = decision_accuracy(model, fold)
-        learned["right"] += got["right"]
-        learned["n"] += got["n"]
-        learned["chosen_us"] += got["chosen_us"]
-        learned["best_us"] += got["best_us"]
-    analytic = decision_accuracy(None, pairs)
+        for key in learned:
+            learned[key] += got[key]
+    return {
+        "decisions": _summary(learned),
+        "decisions_analytic": _summary(decision_accuracy(None, pairs)),
+    }
 
-    def summary(acc: dict) -> dict:
-        regret = acc["chosen_us"] / acc["best_us"] - 1.0 if acc["best_us"] else 0.0
-        return {"right": acc["right"], "n": acc["n"], "regret": round(regret, 4)}
 
-    return {"decisions": summary(learned), "decisions_analytic": summary(analytic)}
+def _folds(groups: list, folds: int, seed: int) -> list[set]:
+    """``groups`` (program names) shuffled by ``seed`` and dealt into ``folds`` sets."""
+    groups = sorted(groups)
+    np.random.default_rng(seed).shuffle(groups)
+    return [set(groups[k::folds]) for k in range(folds) if groups[k::folds]]
+
+
+def _summary(acc: dict) -> dict:
+    regret = acc["chosen_us"] / acc["best_us"] - 1.0 if acc["best_us"] else 0.0
+    return {"right": acc["right"], "n": acc["n"], "regret": round(regret, 4)}
+
+
+def cross_validated_plans(records: list[dict], meta: dict, seed: int, folds: int = 5) -> dict:
+    """The GIR plan picked for every kernel with several measured plans by a model that never
+    saw its program (``folds``-fold over programs), and the GIR performance model's picks."""
+    from .learned import LearnedCostModel
+    from .train import plan_choices, train
+
+    plans = [r for r in records if r["part"] == "gir_plan"]
+    learned = {"right": 0, "n": 0, "chosen_us": 0.0, "best_us": 0.0}
+    for held in _folds(list({r["group"] for r in plans}), folds, seed):
+        data = train(
+            [r for r in records if r["group"] not in held], holdout=0, seed=seed, meta=meta
+        )
+        if "gir_plan" not in data:
+            continue
+        got = plan_choices(LearnedCostModel(data, ""), [r for r in plans if r["group"] in held])
+        for key in learned:
+            learned[key] += got[key]
+    return {
+        "gir_plans": _summary(learned),
+        "gir_plans_analytic": _summary(plan_choices(None, plans)),
+    }
 
 
 def write(data: dict, path: str) -> str:

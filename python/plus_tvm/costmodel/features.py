@@ -324,3 +324,39 @@ def choice_features(
     values.update({f"subgraph_{k}": v for k, v in sub.items()})
     values["analytic_ratio"] = analytic_ratio
     return {name: values[name] for name in CHOICE_FEATURES}
+
+
+#: GIR's kernel structures (``plus_tvm.gir.analysis.Kernel.structure``), as ordinal codes
+STRUCTURES = ("row", "column", "elementwise")
+
+GIR_PLAN_FEATURES = (
+    *TIR_FEATURES,  # the kernel before scheduling (``gir`` set)
+    "structure",  # code of the kernel's structure (STRUCTURES)
+    "vector",  # the plan's vector width
+    "tile",  # a transpose's cache tile (0: none)
+    "col_tile",  # adjacent outputs a column reduction keeps in registers (0: not a column)
+    "split_k",  # cores sharing a column reduction's reduced axis (0: none)
+    "recompute",  # transcendental intermediates recomputed instead of staged
+    "serial",  # the plan runs on one core
+    "estimate",  # log2(1 + the GIR performance model's microseconds)
+)
+
+
+def gir_plan_features(
+    kernel_vector: Mapping[str, float], structure: str, params: Mapping[str, object], seconds: float
+) -> dict[str, float]:
+    """One GIR plan of a kernel as a vector: the kernel's TIR vector (:func:`tir_features`
+    with ``gir=True``), the plan's template parameters and the analytic model's estimate
+    ``seconds`` (the learned model corrects it where this machine disagrees)."""
+    values = dict(kernel_vector)
+    values.update(
+        structure=float(STRUCTURES.index(structure)),
+        vector=float(params.get("vector", 0)),
+        tile=float(params.get("tile", 0)),
+        col_tile=float(params.get("col_tile", 0)),
+        split_k=float(params.get("split_k", 0)),
+        recompute=float(bool(params.get("recompute"))),
+        serial=float(bool(params.get("serial"))),
+        estimate=_log(seconds * 1e6),
+    )
+    return {name: values[name] for name in GIR_PLAN_FEATURES}

@@ -26,6 +26,7 @@ from ..errors import PlusError
 from ..paths import cache_dir
 from .features import (
     CHOICE_FEATURES,
+    GIR_PLAN_FEATURES,
     LIBRARY_FEATURES,
     SUBGRAPH_FEATURES,
     TIR_FEATURES,
@@ -61,12 +62,14 @@ def model_path(kind: str, key: str) -> str | None:
 
 #: the regressors a model file may hold: TIR kernels, library calls, the TIR of a matched
 #: subgraph (its operators as :func:`.features.subgraph_features` sums them), and the choice
-#: itself (``log2`` of TIR time over library time, :func:`.features.choice_features`)
+#: itself (``log2`` of TIR time over library time, :func:`.features.choice_features`), and a
+#: kernel under one GIR plan (:func:`.features.gir_plan_features`)
 PARTS = (
     ("tir", TIR_FEATURES),
     ("library", LIBRARY_FEATURES),
     ("subgraph", SUBGRAPH_FEATURES),
     ("choice", CHOICE_FEATURES),
+    ("gir_plan", GIR_PLAN_FEATURES),
 )
 
 
@@ -133,6 +136,11 @@ class LearnedCostModel:
     def predict_tir_us(self, vectors: Sequence[dict]) -> list[float]:
         """Microseconds of each TIR kernel (vectors from :func:`.features.tir_features`)."""
         return self._predict("tir", [[v[f] for f in TIR_FEATURES] for v in vectors])
+
+    def predict_gir_plan_us(self, vectors: Sequence[dict]) -> list[float]:
+        """Microseconds of a kernel under each GIR plan (vectors from
+        :func:`.features.gir_plan_features`)."""
+        return self._predict("gir_plan", [[v[f] for f in GIR_PLAN_FEATURES] for v in vectors])
 
     def predict_subgraph_us(self, members: Sequence[dict]) -> float:
         """Microseconds of the kernels the pipeline makes of a subgraph whose operators, each

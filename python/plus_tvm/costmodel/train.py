@@ -20,7 +20,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .features import CHOICE_FEATURES, LIBRARY_FEATURES, SUBGRAPH_FEATURES, TIR_FEATURES
+from .features import (
+    CHOICE_FEATURES,
+    GIR_PLAN_FEATURES,
+    LIBRARY_FEATURES,
+    SUBGRAPH_FEATURES,
+    TIR_FEATURES,
+)
 from .learned import LearnedCostModel
 
 #: xgboost settings: small trees, shrinkage, row subsampling (a hundred to a thousand samples
@@ -43,6 +49,7 @@ _NAMES = {
     "library": LIBRARY_FEATURES,
     "subgraph": SUBGRAPH_FEATURES,
     "choice": CHOICE_FEATURES,
+    "gir_plan": GIR_PLAN_FEATURES,
 }
 
 
@@ -197,3 +204,36 @@ def choice_of(pair: dict) -> dict:
 
     ratio = analytic_ratio(_cost(pair), pair["library"], _gflops(pair))
     return choice_features(pair["library"], pair["tir"], ratio)
+
+
+def plan_choices(model: LearnedCostModel | None, records: Sequence[dict]) -> dict[str, float]:
+    """How often a model picks the fastest of a kernel's measured GIR plans (``gir_plan``
+    records sharing a ``kernel``), and what its wrong picks cost (``regret``, as in
+    :func:`decision_accuracy`). ``None``: the GIR performance model's picks (the lowest
+    ``estimate``; at equal estimates its first)."""
+    kernels: dict[str, list[dict]] = {}
+    for r in records:
+        if r["part"] == "gir_plan" and r["us"] > 0:
+            kernels.setdefault(r["kernel"], []).append(r)
+    right, chosen_us, best_us, n = 0, 0.0, 0.0, 0
+    for plans in kernels.values():
+        if len(plans) < 2:
+            continue
+        plans = sorted(plans, key=lambda r: r["plan"])
+        if model is None:
+            scores = [r["features"]["estimate"] for r in plans]
+        else:
+            scores = model.predict_gir_plan_us([r["features"] for r in plans])
+        pick = plans[min(range(len(plans)), key=lambda i: scores[i])]["us"]
+        best = min(r["us"] for r in plans)
+        right += pick == best
+        chosen_us += pick
+        best_us += best
+        n += 1
+    return {
+        "right": right,
+        "n": n,
+        "regret": round(chosen_us / best_us - 1.0, 4) if best_us else 0.0,
+        "chosen_us": chosen_us,
+        "best_us": best_us,
+    }

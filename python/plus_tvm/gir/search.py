@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import tvm
 from tvm import tirx
@@ -28,6 +29,7 @@ class Plan:
     placement: dict[str, str]
     candidates: int = 0
     ranked: list = field(default_factory=list)  # (seconds, params) of every candidate
+    predicted: list = field(default_factory=list)  # (us, params) a PlanRanker gave, if any
     func: tirx.PrimFunc | None = None  # the normalized kernel the plan is for (lower this)
 
     @property
@@ -133,27 +135,82 @@ def candidates(kernel: Kernel, m: Machine) -> list[tuple[Parallel, dict]]:
     return out
 
 
-def plan_kernel(kernel: Kernel, m: Machine, budget: int = 0) -> Plan | None:
-    """The best plan among the candidates (at most ``budget`` of them when ``budget > 0``)."""
-    best: Plan | None = None
-    ranked = []
-    tried = 0
+class PlanRanker(Protocol):
+    """Ranks a kernel's best candidate plans by predicted time instead of the analytic
+    estimate (the learned cost model's, :class:`plus_tvm.costmodel.gir_cost.LearnedPlanRanker`)."""
+
+    top: int  # how many of the analytic model's best candidates it ranks
+
+    def predict_us(self, func: tirx.PrimFunc, plans: list[Plan]) -> list[float] | None:
+        """Microseconds of each plan of ``func``; None: no prediction (the analytic order
+        stands)."""
+
+
+def ranked_plans(
+    kernel: Kernel, m: Machine, budget: int = 0, exhaustive: bool = False
+) -> list[Plan]:
+    """The candidate plans the search evaluates, fastest estimate first (at most ``budget``
+    when ``budget > 0``). Unless ``exhaustive``, the search stops where the performance
+    model's lower bound shows that no further candidate can beat the best estimate."""
+    plans: list[Plan] = []
+    best = float("inf")
     bound = lower_bound(kernel, m)
     for parallel, params in candidates(kernel, m):
-        if budget and tried >= budget:
+        if budget and len(plans) >= budget:
             break
-        if best is not None and bound >= best.estimate.seconds:
+        if not exhaustive and plans and bound >= best:
             break  # nothing can beat the best any more
-        tried += 1
         graph = optimize(kernel, generate(kernel, parallel, params), m.capacity())
         est = estimate(kernel, graph, m)
-        ranked.append((est.seconds, params))
-        if best is None or est.seconds < best.estimate.seconds:
-            best = Plan(kernel, graph, est, dict(params), placement(kernel, graph))
-    if best is not None:
-        best.candidates = tried
-        best.ranked = sorted(ranked, key=lambda r: r[0])
-    return best
+        best = min(best, est.seconds)
+        plans.append(Plan(kernel, graph, est, dict(params), placement(kernel, graph)))
+    plans.sort(key=lambda p: p.estimate.seconds)  # stable: at equal estimates the first wins
+    ranked = [(p.estimate.seconds, p.params) for p in plans]
+    for p in plans:
+        p.candidates = len(plans)
+        p.ranked = ranked
+    return plans
+
+
+def plan_kernel(kernel: Kernel, m: Machine, budget: int = 0) -> Plan | None:
+    """The best plan among the candidates (at most ``budget`` of them when ``budget > 0``)."""
+    plans = ranked_plans(kernel, m, budget)
+    return plans[0] if plans else None
+
+
+def _by_ranker(func: tirx.PrimFunc, plans: list[Plan], ranker: PlanRanker) -> Plan:
+    """The plan of the ``ranker.top`` best estimates that ``ranker`` predicts fastest."""
+    top = plans[: max(ranker.top, 1)]
+    predicted = ranker.predict_us(func, top) if len(top) > 1 else None
+    if predicted is None:
+        return plans[0]
+    order = min(range(len(top)), key=lambda i: predicted[i])  # ties: the analytic order
+    chosen = top[order]
+    chosen.predicted = [(us, p.params) for us, p in zip(predicted, top, strict=True)]
+    return chosen
+
+
+def candidate_plans(
+    func: tirx.PrimFunc,
+    target: tvm.target.Target,
+    budget: int = 0,
+    machine: Machine | None = None,
+    why: list[str] | None = None,
+    exhaustive: bool = False,
+) -> list[Plan]:
+    """The candidate plans of ``func`` for ``target`` (:func:`ranked_plans` on ``machine``'s
+    figures, default :func:`machine_for` the target), each for the normalized kernel
+    (``Plan.func``); empty when it is not a GIR kernel (the reason appended to ``why``)."""
+    func = normalize(func)
+    kernel = analyze(func, why)
+    if kernel is None:
+        return []
+    plans = ranked_plans(kernel, machine or machine_for(target), budget, exhaustive)
+    if not plans and why is not None:
+        why.append("no candidate plan")
+    for p in plans:
+        p.func = func
+    return plans
 
 
 def plan(
@@ -162,20 +219,16 @@ def plan(
     budget: int = 0,
     machine: Machine | None = None,
     why: list[str] | None = None,
+    ranker: PlanRanker | None = None,
 ) -> Plan | None:
     """Analyze ``func`` and plan it for ``target`` (on ``machine``'s figures, default
     :func:`machine_for` the target); ``None`` when it is not a GIR kernel (the reason appended
-    to ``why`` when given)."""
-    func = normalize(func)
-    kernel = analyze(func, why)
-    if kernel is None:
+    to ``why`` when given). With a ``ranker``, every candidate is evaluated and the ranker
+    picks among the analytic model's best."""
+    plans = candidate_plans(func, target, budget, machine, why, exhaustive=ranker is not None)
+    if not plans:
         return None
-    best = plan_kernel(kernel, machine or machine_for(target), budget)
-    if best is None and why is not None:
-        why.append("no candidate plan")
-    if best is not None:
-        best.func = func
-    return best
+    return _by_ranker(func, plans, ranker) if ranker is not None else plans[0]
 
 
 # why a GIR rule declines a kernel it planned: the lowering of its plan failed
@@ -189,6 +242,7 @@ def plan_for_rule(
     budget: int = 0,
     machine: Machine | None = None,
     why: list[str] | None = None,
+    ranker: PlanRanker | None = None,
 ):
     """What a GIR schedule rule for targets of ``kind`` (``"llvm"``, ``"cuda"``) does first:
     the plan of ``func``, or ``None`` when it is not a PrimFunc, the target is another kind,
@@ -205,4 +259,4 @@ def plan_for_rule(
         if why is not None:
             why.append(reason)
         return None
-    return plan(func, target, budget, machine, why)
+    return plan(func, target, budget, machine, why, ranker)
