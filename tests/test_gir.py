@@ -309,6 +309,7 @@ def test_machine_figures_are_read_from_the_cache(tmp_path, llvm):
 def test_measure_cpu_stores_figures(llvm):
     figures = gir_model.measure_cpu(llvm, store=True, seconds=0.05)
     assert figures["global_gbps"] > 0 and figures["cache_gbps"] > 0
+    assert figures["launch_us"] >= 0  # waking TVM's pool: 10-35 us on the 2-core CI machine
     assert gir_model.load_figures(llvm)["global_gbps"] == figures["global_gbps"]
 
 

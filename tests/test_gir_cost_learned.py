@@ -227,7 +227,10 @@ def test_the_pipeline_ranks_gir_plans_with_the_learned_model_and_stays_exact(tmp
     chosen = {}
     for prefer_serial in (True, False):
         path = _plan_model_file(tmp_path, prefer_serial)
-        opts = Options(cost_model="analytic", gir_cost="learned", cost_model_file=path)
+        # a cheap pool launch keeps parallel plans among the performance model's best four
+        opts = Options(
+            cost_model="analytic", gir_cost="learned", cost_model_file=path, gir_launch_us=1.0
+        )
         m = plus_tvm.compile(module, "llvm", x, opts)
         np.testing.assert_allclose(m(*x), want, rtol=1e-4, atol=1e-5)
         notes = m.stats["schedule"]["notes"]

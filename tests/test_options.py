@@ -189,6 +189,7 @@ def test_resolve_inputs_reads_the_environment_once_into_fields(tmp_path, monkeyp
     assert plain.warehouse_env == ()
     assert plain.gir_global_gbps == cpu_figures(llvm)["global_gbps"] > 0
     assert plain.gir_cache_gbps == cpu_figures(llvm)["cache_gbps"] > 0
+    assert plain.gir_launch_us == cpu_figures(llvm)["launch_us"] > 0
     assert plain.threads == runtime_threads() >= 1
     assert resolve_inputs(llvm, plain) == plain  # idempotent
     monkeypatch.setenv(ENV_VAR, str(folder))
@@ -219,6 +220,8 @@ def test_stats_name_the_resolved_inputs_and_the_gir_model_reads_them(monkeypatch
     machine = gir_machine(llvm, Options(gir_global_gbps=12.0, gir_cache_gbps=34.0, threads=1))
     assert (machine.global_gbps, machine.cache_gbps, machine.units) == (12.0, 34.0, 1)
     assert machine.measured
+    slow_pool = gir_machine(llvm, Options(gir_launch_us=80.0))
+    assert slow_pool.launch_ns == 80000.0 and slow_pool.measured
 
 
 def test_optional_tuple_and_number_options_parse():

@@ -153,7 +153,9 @@ def test_nested_functions_are_staged_not_nested(kind, shape, llvm):
     local = [ln for ln in text.splitlines() if "alloc_buffer" in ln and '"local"' in ln]
     if kind == "transcendental_chain":  # exp's and erf's results kept, tanh reads the last
         assert len(local) == 2, text
-        assert "T.parallel" in text or machine_for(llvm).units == 1
+        # on every core unless the plan keeps this small kernel on one (the pool's launch)
+        serial = plan(func, llvm).params.get("serial") or machine_for(llvm).units == 1
+        assert ("T.parallel" in text) != serial, text
     if kind == "transpose_exp_tanh":  # tanh and the transposed exp kept per tile, vectorized
         assert len(local) == 2 and text.count("T.vectorized") >= 3, text
     start = time.perf_counter()

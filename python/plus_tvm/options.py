@@ -103,6 +103,10 @@ class Options:
         CPU copy bandwidths (memory, and in cache per core; GB/s) of the GIR performance model.
         0 (default): the measurement ``python -m plus_tvm.gir.model`` stored for the target,
         else the model's defaults, read when compilation starts.
+    gir_launch_us : float
+        Microseconds the GIR performance model charges a parallel loop for waking TVM's
+        thread pool (so that small kernels run on one core). 0 (default): as the bandwidths,
+        the stored measurement, else the default measured on the CI machine type (30 us).
     threads : int
         Threads of TVM's pool that the CPU schedules plan their parallel loops for. 0
         (default): the runtime's pool when compilation starts (``plus_tvm.threads`` sizes it).
@@ -161,6 +165,7 @@ class Options:
     gir_cost: str = "analytic"
     gir_global_gbps: float = 0.0
     gir_cache_gbps: float = 0.0
+    gir_launch_us: float = 0.0
     threads: int = 0
     conv_layout: str = "auto"
     cuda_graph: str = "auto"
@@ -194,7 +199,7 @@ class Options:
                 f"option fusion_max_group_size must be a positive integer, "
                 f"got {self.fusion_max_group_size!r}"
             )
-        for name in ("gir_global_gbps", "gir_cache_gbps"):
+        for name in ("gir_global_gbps", "gir_cache_gbps", "gir_launch_us"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise OptionsError(f"option {name} must be a non-negative number, got {value!r}")

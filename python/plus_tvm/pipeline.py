@@ -290,17 +290,16 @@ def gir_machine(target: tvm.target.Target, options: Options):  # noqa: ANN202
     :func:`resolve_inputs` would resolve them now)."""
     from .gir.model import machine_for
 
-    figures = None
-    if options.gir_global_gbps or options.gir_cache_gbps:
-        figures = {
-            k: v
-            for k, v in (
-                ("global_gbps", options.gir_global_gbps),
-                ("cache_gbps", options.gir_cache_gbps),
-            )
-            if v
-        }
-    return machine_for(target, figures, options.threads)
+    given = {
+        k: v
+        for k, v in (
+            ("global_gbps", options.gir_global_gbps),
+            ("cache_gbps", options.gir_cache_gbps),
+            ("launch_us", options.gir_launch_us),
+        )
+        if v
+    }
+    return machine_for(target, given or None, options.threads)
 
 
 def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
@@ -342,12 +341,15 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
     if target.kind.name == "llvm":
         from .gir.model import cpu_figures, runtime_threads
 
-        if not (options.gir_global_gbps and options.gir_cache_gbps):  # read only when unset
+        fields = {
+            "gir_global_gbps": "global_gbps",
+            "gir_cache_gbps": "cache_gbps",
+            "gir_launch_us": "launch_us",
+        }
+        unset = [name for name in fields if not getattr(options, name)]
+        if unset:  # read only when unset
             figures = cpu_figures(target)
-            if not options.gir_global_gbps:
-                changes["gir_global_gbps"] = figures["global_gbps"]
-            if not options.gir_cache_gbps:
-                changes["gir_cache_gbps"] = figures["cache_gbps"]
+            changes.update({name: figures[fields[name]] for name in unset})
         if not options.threads:
             threads = runtime_threads()
             if threads:

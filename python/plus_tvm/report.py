@@ -111,7 +111,8 @@ def _inputs_text(options: dict) -> str:
     if options.get("gir_global_gbps"):
         parts.append(
             f"GIR bandwidth {options['gir_global_gbps']:.1f} / "
-            f"{options.get('gir_cache_gbps', 0.0):.1f} GB/s"
+            f"{options.get('gir_cache_gbps', 0.0):.1f} GB/s, pool launch "
+            f"{options.get('gir_launch_us', 0.0):g} us"
         )
     if options.get("cost_model_id"):
         parts.append(f"cost model {options['cost_model_id']} ({options.get('cost_model_file')})")

@@ -154,7 +154,7 @@ def decision_accuracy(model: LearnedCostModel | None, pairs: Sequence[dict]) -> 
     wrong picks cost: the summed measured time of its picks over the best picks' (``regret``;
     ``chosen_us`` and ``best_us`` are the sums). ``None``:
     the analytic constants' picks (``DispatchCost`` as the pipeline sets it), for comparison."""
-    right, chosen_us, best_us = 0, 0.0, 0.0
+    picks = []
     for pair in pairs:
         if model is None:
             lib, tir = _analytic(pair)
@@ -162,15 +162,23 @@ def decision_accuracy(model: LearnedCostModel | None, pairs: Sequence[dict]) -> 
             lib = model.predict_library_us([pair["library"]])[0]
             ratio = model.predict_ratio(choice_of(pair))
             tir = lib * ratio if ratio is not None else model.predict_subgraph_us(pair["tir"])
-        pick = pair["library_us"] if lib < tir else pair["tir_us"]
-        best = min(pair["library_us"], pair["tir_us"])
-        right += pick == best
-        chosen_us += pick
-        best_us += best
-    n = len(pairs)
+        picks.append(
+            (
+                pair["library_us"] if lib < tir else pair["tir_us"],
+                min(pair["library_us"], pair["tir_us"]),
+            )
+        )
+    return _scored(picks)
+
+
+def _scored(picks: Sequence[tuple[float, float]]) -> dict[str, float]:
+    """Right picks, their count and the regret of (picked, best) measured times."""
+    right = sum(pick == best for pick, best in picks)
+    chosen_us = sum(pick for pick, _ in picks)
+    best_us = sum(best for _, best in picks)
     return {
         "right": right,
-        "n": n,
+        "n": len(picks),
         "regret": round(chosen_us / best_us - 1.0, 4) if best_us else 0.0,
         "chosen_us": chosen_us,
         "best_us": best_us,
@@ -215,7 +223,7 @@ def plan_choices(model: LearnedCostModel | None, records: Sequence[dict]) -> dic
     for r in records:
         if r["part"] == "gir_plan" and r["us"] > 0:
             kernels.setdefault(r["kernel"], []).append(r)
-    right, chosen_us, best_us, n = 0, 0.0, 0.0, 0
+    picks = []
     for plans in kernels.values():
         if len(plans) < 2:
             continue
@@ -225,15 +233,5 @@ def plan_choices(model: LearnedCostModel | None, records: Sequence[dict]) -> dic
         else:
             scores = model.predict_gir_plan_us([r["features"] for r in plans])
         pick = plans[min(range(len(plans)), key=lambda i: scores[i])]["us"]
-        best = min(r["us"] for r in plans)
-        right += pick == best
-        chosen_us += pick
-        best_us += best
-        n += 1
-    return {
-        "right": right,
-        "n": n,
-        "regret": round(chosen_us / best_us - 1.0, 4) if best_us else 0.0,
-        "chosen_us": chosen_us,
-        "best_us": best_us,
-    }
+        picks.append((pick, min(r["us"] for r in plans)))
+    return _scored(picks)

@@ -66,7 +66,12 @@ class Machine:
         return dataclasses.asdict(self)
 
 
-_CPU_DEFAULT = dict(global_gbps=20.0, cache_gbps=100.0, unit_share=0.6)
+# launch_us: waking TVM's pool (spin count 0, ``plus_tvm.threads``) for one parallel loop, measured
+# by ``measure_cpu`` on this project's 2-core CI machine type: 17-35 us (median of 200 calls of a
+# parallel 2 x 64 add against its serial twin, three runs); the model had 5 us before, and put
+# EfficientNet-B0's squeeze-excite kernels (2-20 us of work) on both cores: 0.81 ms of TIR
+# kernels against 0.45 ms with the measured launch
+_CPU_DEFAULT = dict(global_gbps=20.0, cache_gbps=100.0, unit_share=0.6, launch_us=30.0)
 
 
 def _cpu_lanes(target: tvm.target.Target) -> int:
@@ -118,7 +123,7 @@ def cpu_machine(
         line=64,
         sync_ns=(0.0, 1.0, 50.0, 5000.0),
         page_penalty=256,  # the hardware prefetcher restarts on every page
-        launch_ns=5000.0,
+        launch_ns=float(f["launch_us"]) * 1e3,
         chain_ns=1.4,  # 4 cycles
         stack_bytes=1024,  # TVM's kMaxStackAlloca
         alloc_ns=400.0,  # TVMBackendAllocWorkspace + Free, measured on softmax rows
@@ -168,10 +173,12 @@ def machine_for(
 
 
 def cpu_figures(target: tvm.target.Target) -> dict[str, float]:
-    """The bandwidths the CPU model uses for ``target`` now: the stored measurement, else the
-    defaults (what ``Options.gir_global_gbps`` / ``gir_cache_gbps`` of 0 resolve to)."""
+    """The figures the CPU model uses for ``target`` now: the stored measurement, else the
+    defaults (what ``Options.gir_global_gbps`` / ``gir_cache_gbps`` / ``gir_launch_us`` of 0
+    resolve to)."""
     stored = load_figures(target) or {}
-    return {k: float(stored.get(k, _CPU_DEFAULT[k])) for k in ("global_gbps", "cache_gbps")}
+    keys = ("global_gbps", "cache_gbps", "launch_us")
+    return {k: float(stored.get(k, _CPU_DEFAULT[k])) for k in keys}
 
 
 # ------------------------------------------------------------------ measured CPU figures
@@ -227,9 +234,37 @@ def cpu_copy_kernel(target: tvm.target.Target, n: int, cores: int, reps: int = 1
     return tvm.compile(tvm.IRModule({"main": copy}), target=target)["main"]
 
 
+def pool_launch_us(target: tvm.target.Target, cores: int, calls: int = 200) -> float:
+    """Microseconds one parallel loop costs beyond its work: the median time of a tiny
+    ``cores``-way parallel kernel less that of its serial twin, each call timed alone (the
+    pool's workers asleep in between, as between a model's kernels)."""
+    import numpy as np
+    from tvm.script import tirx as T  # noqa: N812
+
+    def kernel(parallel: bool):
+        @T.prim_func
+        def add(a: T.Buffer((cores, 64), "float32"), b: T.Buffer((cores, 64), "float32")):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            for i in T.parallel(cores) if parallel else T.serial(cores):
+                for j in range(64):
+                    b[i, j] = a[i, j] + T.float32(1)
+
+        return tvm.compile(tvm.IRModule({"main": add}), target=target).mod
+
+    dev = tvm.cpu()
+    a = tvm.runtime.tensor(np.zeros((cores, 64), "float32"), dev)
+    b = tvm.runtime.tensor(np.zeros((cores, 64), "float32"), dev)
+    medians = []
+    for parallel in (False, True):
+        timer = kernel(parallel).time_evaluator("main", dev, number=1, repeat=calls)
+        medians.append(float(np.median(timer(a, b).results)) * 1e6)
+    return max(medians[1] - medians[0], 0.0)
+
+
 def measure_cpu(target: tvm.target.Target, store: bool = True, seconds: float = 0.5) -> dict:
     """Measure copy bandwidth of DRAM (a 64 MiB copy on every core) and of cache (256 KiB per
-    core, repeated) with a parallel, vectorized TVM copy kernel; store them when asked."""
+    core, repeated) with a parallel, vectorized TVM copy kernel, and the thread pool's launch
+    (:func:`pool_launch_us`); store them when asked."""
     import numpy as np
 
     # with the runtime's thread pool as it is: TVM sizes it at start-up (``TVM_NUM_THREADS``,
@@ -256,6 +291,7 @@ def measure_cpu(target: tvm.target.Target, store: bool = True, seconds: float = 
     figures = {
         "global_gbps": global_gbps,
         "cache_gbps": cache_gbps,
+        "launch_us": pool_launch_us(target, cores),
         "unit_share": _CPU_DEFAULT["unit_share"],
         "measured_at": time.time(),
     }
