@@ -212,3 +212,21 @@ def test_stats_text_shows_schedules_declines_failures_and_inputs():
     assert "declined       GIRLLVM: 3 a contraction; 1 no blocks" in text
     assert "rule failed    R on k: ZeroDivisionError: x" in text
     assert "inputs         threads=2, GIR bandwidth 21.5 / 99.0 GB/s, PLUS_TVM_WAREHOUSE=/w" in text
+    # the pool launch the GIR model planned with, and plans a learned ranker moved
+    stats["options"]["gir_launch_us"] = 30.0
+    plans = [
+        {"params": {"vector": 16}, "predicted_us": 9.0, "estimate_us": 4.0},
+        {"params": {"vector": 16, "serial": True}, "predicted_us": 2.0, "estimate_us": 5.0},
+    ]
+    stats["schedule"]["notes"] = {
+        "mean": {
+            "gir_plan": {"vector": 16, "serial": True},
+            "ranked_by": "learned",
+            "plans": plans,
+        },
+        "add": {"gir_plan": {"vector": 16}, "ranked_by": "learned", "plans": plans},
+    }
+    text = stats_text(stats)
+    assert "GIR bandwidth 21.5 / 99.0 GB/s, pool launch 30 us" in text
+    assert "GIR plans      2 kernel(s) ranked by the learned model, 1 away from" in text
+    assert "GIR plan       mean: {'vector': 16, 'serial': True} predicted 2 us" in text

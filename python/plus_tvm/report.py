@@ -111,8 +111,12 @@ def _inputs_text(options: dict) -> str:
     if options.get("gir_global_gbps"):
         parts.append(
             f"GIR bandwidth {options['gir_global_gbps']:.1f} / "
-            f"{options.get('gir_cache_gbps', 0.0):.1f} GB/s, pool launch "
-            f"{options.get('gir_launch_us', 0.0):g} us"
+            f"{options.get('gir_cache_gbps', 0.0):.1f} GB/s"
+            + (
+                f", pool launch {options['gir_launch_us']:g} us"
+                if options.get("gir_launch_us")
+                else ""
+            )
         )
     if options.get("cost_model_id"):
         parts.append(f"cost model {options['cost_model_id']} ({options.get('cost_model_file')})")
