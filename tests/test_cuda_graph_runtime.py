@@ -32,16 +32,22 @@ INVOKE = tvm_ffi.get_global_func(cuda_graph.INVOKE_CLOSURE)
 
 
 class _Allocs:
-    """Stand-in for TVM's get_cached_alloc (allocation closure run once per VM and index)."""
+    """Stand-in for TVM's get_cached_alloc (allocation closure run once per VM and index).
+
+    A VM passes the same allocation closure on every call; the entry keeps it (alive) and is
+    used only for that closure: a later VM at a freed VM's address (the key) must not get the
+    freed VM's storage (that gave a 4096-byte storage to a 49152-byte tensor, now and then,
+    depending on where the allocator put the next test's VM)."""
 
     def __init__(self) -> None:
         self.cache: dict = {}
 
     def __call__(self, vm, alloc, index):
         key = (cuda_graph._address(vm), int(index))
-        if key not in self.cache:
-            self.cache[key] = INVOKE(vm, alloc)
-        return self.cache[key]
+        entry = self.cache.get(key)
+        if entry is None or not entry[0].same_as(alloc):
+            entry = self.cache[key] = (alloc, INVOKE(vm, alloc))
+        return entry[1]
 
 
 if tvm_ffi.get_global_func(GET_CACHED_ALLOC, allow_missing=True) is None:
