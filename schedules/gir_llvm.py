@@ -74,7 +74,6 @@ class GIRLLVM(ReasonedRule):
         if sch is None:
             return None, REFUSED
         if p.predicted:  # a ranker chose: its predictions beside the performance model's
-            estimates = {_key(params): s * 1e6 for s, params in p.ranked}
             sch = with_note(
                 sch,
                 {
@@ -84,9 +83,9 @@ class GIRLLVM(ReasonedRule):
                         {
                             "params": params,
                             "predicted_us": round(us, 3),
-                            "estimate_us": round(estimates[_key(params)], 3),
+                            "estimate_us": round(estimate_us, 3),
                         }
-                        for us, params in p.predicted
+                        for us, params, estimate_us in p.predicted
                     ],
                 },
             )
@@ -105,10 +104,6 @@ class GIRLLVM(ReasonedRule):
                 interrupt.check()
                 continue
         return None
-
-
-def _key(params: dict) -> tuple:
-    return tuple(sorted(params.items()))
 
 
 def _touches_bool(func: tirx.PrimFunc) -> bool:

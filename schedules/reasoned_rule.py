@@ -8,6 +8,8 @@ analysis that decides, and ``ApplyScheduleRules`` reports the reasons per rule i
 
 from __future__ import annotations
 
+import json
+
 import tvm
 from plus_tvm.errors import TVM_REFUSAL
 from tvm import s_tir, tirx
@@ -23,8 +25,6 @@ NOTE_ATTR = "plus.schedule_note"
 
 def with_note(sch: s_tir.Schedule, note: dict) -> s_tir.Schedule:
     """``sch``'s function carrying ``note`` (see ``NOTE_ATTR``)."""
-    import json
-
     return s_tir.Schedule(sch.mod["main"].with_attr(NOTE_ATTR, json.dumps(note, sort_keys=True)))
 
 

@@ -97,7 +97,8 @@ def test_a_ranker_picks_among_the_analytic_models_best_plans(llvm):
     chosen = plan(func, llvm, ranker=ranker)
     assert chosen.params == third
     assert ranker.seen == [[p.params for p in plans[:3]]]
-    assert [us for us, _ in chosen.predicted] == [100.0, 100.0, 1.0]
+    assert [us for us, _, _ in chosen.predicted] == [100.0, 100.0, 1.0]
+    assert [e for _, _, e in chosen.predicted] == [p.estimate.seconds * 1e6 for p in plans[:3]]
     # outside the top it is never seen; no prediction keeps the analytic order
     assert plan(func, llvm, ranker=_Prefer(top=1, want=third)).params == plans[0].params
     assert plan(func, llvm, ranker=_Prefer(top=4)).params == plans[0].params

@@ -29,7 +29,8 @@ class Plan:
     placement: dict[str, str]
     candidates: int = 0
     ranked: list = field(default_factory=list)  # (seconds, params) of every candidate
-    predicted: list = field(default_factory=list)  # (us, params) a PlanRanker gave, if any
+    # (predicted us, params, estimated us) of the plans a PlanRanker ranked, if any
+    predicted: list = field(default_factory=list)
     func: tirx.PrimFunc | None = None  # the normalized kernel the plan is for (lower this)
 
     @property
@@ -186,7 +187,9 @@ def _by_ranker(func: tirx.PrimFunc, plans: list[Plan], ranker: PlanRanker) -> Pl
         return plans[0]
     order = min(range(len(top)), key=lambda i: predicted[i])  # ties: the analytic order
     chosen = top[order]
-    chosen.predicted = [(us, p.params) for us, p in zip(predicted, top, strict=True)]
+    chosen.predicted = [
+        (us, p.params, p.estimate.seconds * 1e6) for us, p in zip(predicted, top, strict=True)
+    ]
     return chosen
 
 
