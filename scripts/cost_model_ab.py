@@ -11,6 +11,8 @@ compiled both ways, exported, and each library timed in fresh processes, alterna
 
     .venv/bin/python scripts/cost_model_ab.py --model-file /tmp/cm.json --out /tmp/ab.json
     .venv/bin/python scripts/cost_model_ab.py --a "" --b fusion_cost=learned
+    .venv/bin/python scripts/cost_model_ab.py --a cpu_parallel=tvm --b cpu_parallel=openmp \\
+        --time-all
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", help="write the results as JSON")
+    parser.add_argument(
+        "--time-all",
+        action="store_true",
+        help="time every model, also where A and B compile the same decisions (options that "
+        "change how the code runs, such as cpu_parallel)",
+    )
     parser.add_argument("--a", default="cost_model=analytic", help="option set A (k=v,k=v)")
     parser.add_argument("--b", default="cost_model=learned", help="option set B (k=v,k=v)")
     args = parser.parse_args()
@@ -114,7 +122,7 @@ def main() -> int:
             and stats["analytic"]["kernel_names"] == stats["learned"]["kernel_names"]
             and not row["changed"]
         )
-        if not same:
+        if not same or args.time_all:
             paths = {}
             for v, o in variants.items():
                 paths[v] = os.path.join(folder, f"{name}-{v}.so")
@@ -146,7 +154,7 @@ def main() -> int:
             f"{row['library_calls']['learned']}, "
             + (
                 "same decisions"
-                if same
+                if "ms" not in row
                 else f"changed {row['changed']}; ms {row['ms']}; "
                 f"analytic/learned {row['analytic_over_learned']}x; err {row['max_abs_err']}"
             ),

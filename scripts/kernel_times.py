@@ -3,7 +3,8 @@
 
 The model goes through phases 1-4 of the plus pipeline (dispatch, legalize, fuse, schedule)
 for each option set; every PrimFunc is built alone for the target, run on random inputs with
-``time_evaluator`` and multiplied by how many times ``main`` calls it. Library calls are not
+``time_evaluator`` (parallel loops on the option set's pool, ``cpu_parallel``) and multiplied by
+how many times ``main`` calls it. Library calls are not
 counted (``scripts/library_share.py`` splits a whole run). Kernels are printed slowest first,
 with the time of the same kernel (same name) under each option set.
 
@@ -22,6 +23,8 @@ import tvm
 from plus_tvm.compiler import pre_lowering
 from plus_tvm.kernel_timing import random_args, signatures
 from plus_tvm.loader import load_model
+from plus_tvm.pipeline import resolve_inputs
+from plus_tvm.runtime import native
 from plus_tvm.target import resolve_target
 
 
@@ -52,9 +55,11 @@ def main() -> int:
     variants = args.variants.split(";")
     times = {}
     for v in variants:
-        opts = plus_tvm.Options.from_pairs([p for p in v.split("+") if p])
+        opts = resolve_inputs(target, plus_tvm.Options.from_pairs([p for p in v.split("+") if p]))
         mod, _ = pre_lowering(loaded, target, opts, "plus")
-        times[v] = kernel_times(mod, target, args.repeat)
+        # on the pool the compiled model runs its parallel loops on (Options.cpu_parallel)
+        with native.openmp_parallel(opts.cpu_parallel == "openmp"):
+            times[v] = kernel_times(mod, target, args.repeat)
     names = sorted(
         {n for t in times.values() for n in t}, key=lambda n: -times[variants[0]].get(n, 0)
     )

@@ -189,8 +189,9 @@ def test_resolve_inputs_reads_the_environment_once_into_fields(tmp_path, monkeyp
     assert plain.warehouse_env == ()
     assert plain.gir_global_gbps == cpu_figures(llvm)["global_gbps"] > 0
     assert plain.gir_cache_gbps == cpu_figures(llvm)["cache_gbps"] > 0
-    assert plain.gir_launch_us == cpu_figures(llvm)["launch_us"] > 0
-    assert plain.threads == runtime_threads() >= 1
+    pool = plain.cpu_parallel  # OpenMP's where the native library is built, else TVM's
+    assert plain.gir_launch_us == cpu_figures(llvm, pool)["launch_us"] > 0
+    assert plain.threads == runtime_threads(pool) >= 1
     assert resolve_inputs(llvm, plain) == plain  # idempotent
     monkeypatch.setenv(ENV_VAR, str(folder))
     with_env = resolve_inputs(llvm, Options())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 import threading
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from .errors import TVM_REFUSAL, InputError, ModelLoadError, OutputWriteError, PlusError
+from .runtime import native, use_native
 from .signature import InputSpec, as_numpy, check_inputs
 from .target import device_for, target_json, target_name
 from .tvm_libs import compiler_available
@@ -47,6 +49,32 @@ class WeightSource:
 
     def version(self) -> int:
         return int(getattr(self.tensor, "_version", 0))  # (a numpy array cannot be followed)
+
+
+_VERSION = operator.attrgetter("_version")
+
+
+class _Followed:
+    """Torch tensors whose in-place changes a model follows, by their version counters: one
+    C-level pass over all of them per call (BERT-base's 200 weights in a few microseconds,
+    where one Python call per tensor cost about 50 us). Arrays without a counter (numpy)
+    cannot change under the model unseen and are not followed."""
+
+    def __init__(self, sources: dict[int, WeightSource]) -> None:
+        self.positions = [i for i, s in sources.items() if hasattr(s.tensor, "_version")]
+        self.tensors = [sources[i].tensor for i in self.positions]
+        self.versions = list(map(_VERSION, self.tensors))
+        self.slot = {p: k for k, p in enumerate(self.positions)}
+
+    def changed(self) -> list[tuple[int, int]]:
+        """``(position, version now)`` of each tensor changed since it was last seen."""
+        now = list(map(_VERSION, self.tensors))
+        if now == self.versions:
+            return []
+        return [(p, v) for p, v, w in zip(self.positions, now, self.versions) if v != w]
+
+    def seen(self, position: int, version: int) -> None:
+        self.versions[self.slot[position]] = version
 
 
 class CompiledModel:
@@ -78,10 +106,16 @@ class CompiledModel:
         if len(self._sources) != len(self._weights):
             raise PlusError(f"{len(self._sources)} weight sources for {len(self._weights)} weights")
         self._versions = [s.version() if s is not None else 0 for s in self._sources]
-        self._baked = [(b, b.version()) for b in baked]
+        self._followed = _Followed({i: s for i, s in enumerate(self._sources) if s is not None})
+        self._baked = list(baked)
+        self._baked_followed = _Followed(dict(enumerate(self._baked)))
         self._lock = threading.Lock()
         self._device_weights: list | None = None
         self._local = threading.local()  # one VirtualMachine per calling thread
+        # parallel loops of the generated kernels on OpenMP's pool, as compiled for
+        # (``Options.cpu_parallel``; runtime/native/parallel_launch.cc)
+        options = stats.get("options") if isinstance(stats, dict) else None
+        self._openmp = _is_cpu(self.device) and (options or {}).get("cpu_parallel") == "openmp"
 
     # ----------------------------------------------------------------------------- running
     def __call__(self, *inputs: object) -> np.ndarray | tuple[np.ndarray, ...]:
@@ -100,7 +134,14 @@ class CompiledModel:
     def run_prepared(self, prepared: list) -> object:
         """Run on inputs from :meth:`prepare`; returns TVM tensors (synchronised)."""
         vm, weights = self._vm()
-        out = vm["main"](*prepared, *weights)
+        if self._openmp:
+            before = native.use_openmp(True)
+            try:
+                out = vm["main"](*prepared, *weights)
+            finally:
+                native.use_openmp(before)
+        else:
+            out = vm["main"](*prepared, *weights)
         self.device.sync()
         return out
 
@@ -116,20 +157,19 @@ class CompiledModel:
         vm = getattr(self._local, "vm", None)
         if vm is None:
             with self._lock:  # VM construction reads the shared executable
-                if self.device.dlpack_device_type() == tvm.cpu().dlpack_device_type():
-                    from .runtime import use_native
-
-                    use_native()  # the VM resolves kernel names when it is built
+                if _is_cpu(self.device):
+                    # the VM resolves kernel names when it is built, and the JIT module starts
+                    # with the parallel launch in force then
+                    use_native()
                 vm = self._local.vm = VirtualMachine(self.executable, self.device)
         return vm, weights
 
     def _current_weights(self) -> list:
-        for baked, version in self._baked:
-            if baked.version() != version:
-                raise InputError(
-                    f"buffer {baked.name} of the torch module changed after compilation; it is "
-                    "compiled into the code as a constant: compile the model again"
-                )
+        for i, _ in self._baked_followed.changed():
+            raise InputError(
+                f"buffer {self._baked[i].name} of the torch module changed after compilation; "
+                "it is compiled into the code as a constant: compile the model again"
+            )
         with self._lock:
             if self._device_weights is None:
                 placed: dict[int, tvm.runtime.Tensor] = {}  # a tied weight is placed once
@@ -137,9 +177,9 @@ class CompiledModel:
                     if id(p) not in placed:
                         placed[id(p)] = self._placed(p)
                 self._device_weights = [placed[id(p)] for p in self._weights]
-            for i, source in enumerate(self._sources):
-                if source is not None and source.version() != self._versions[i]:
-                    self._refresh(i, source)
+            for i, _ in self._followed.changed():
+                self._refresh(i, self._sources[i])
+                self._followed.seen(i, self._versions[i])
             return list(self._device_weights)
 
     def _placed(self, weight: object) -> tvm.runtime.Tensor:
@@ -309,12 +349,18 @@ def load(path: str, weights: object = None) -> CompiledModel:
     except (KeyError, *TVM_REFUSAL) as err:
         raise ModelLoadError(f"{path}.params cannot be read: {_last_line(err)}") from None
     sources = [given.get(aliases.get(i, i)) for i in range(num_params)]
+    if _is_cpu(device_for(target)):
+        use_native()  # before loading: a library takes the parallel launch in force at load
     try:
         executable = tvm.runtime.load_module(path)
     except TVM_REFUSAL as err:
         raise ModelLoadError(f"{path} is not a loadable library: {_last_line(err)}") from None
     stats = meta.get("stats", {})
     return CompiledModel(executable, target, params, inputs, stats, weight_sources=sources)
+
+
+def _is_cpu(device: object) -> bool:
+    return device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
 
 
 def _external_weights(path: str, external: dict[int, dict], weights: object) -> dict:

@@ -24,6 +24,7 @@ CONV_LAYOUT_CHOICES = ("auto", "nchw", "nhwc")
 COST_MODEL_CHOICES = ("auto", "analytic", "learned")
 FUSION_COST_CHOICES = ("bytes", "learned")
 GIR_COST_CHOICES = ("analytic", "learned")
+CPU_PARALLEL_CHOICES = ("openmp", "tvm")
 
 
 @dataclass(frozen=True)
@@ -104,12 +105,20 @@ class Options:
         0 (default): the measurement ``python -m plus_tvm.gir.model`` stored for the target,
         else the model's defaults, read when compilation starts.
     gir_launch_us : float
-        Microseconds the GIR performance model charges a parallel loop for waking TVM's
-        thread pool (so that small kernels run on one core). 0 (default): as the bandwidths,
-        the stored measurement, else the default measured on the CI machine type (30 us).
+        Microseconds the GIR performance model charges a parallel loop for its launch on the
+        pool of ``cpu_parallel`` (so that small kernels run on one core). 0 (default): as the
+        bandwidths, the stored measurement for that pool, else the default measured on the CI
+        machine type (OpenMP 1 us, TVM's pool 30 us).
     threads : int
-        Threads of TVM's pool that the CPU schedules plan their parallel loops for. 0
-        (default): the runtime's pool when compilation starts (``plus_tvm.threads`` sizes it).
+        Threads the CPU schedules plan their parallel loops for. 0 (default): the pool's when
+        compilation starts (OpenMP's as torch sets it, or TVM's, which ``plus_tvm.threads``
+        sizes).
+    cpu_parallel : {"openmp", "tvm"}
+        The thread pool the generated kernels' parallel loops run on, on CPU. ``"openmp"``
+        (default): OpenMP's, the pool oneDNN (the library kernels) and torch use, so one team
+        of threads runs the whole model, awake between kernels
+        (``runtime/native/parallel_launch.cc``; TVM's pool where the native library is
+        unavailable); ``"tvm"``: TVM's own pool, as TVM runs them.
     conv_layout : {"auto", "nchw", "nhwc"}
         Phase 1: the layout the convolutions and the operators between them run in.
         ``"nhwc"`` rewrites NCHW models to channels last (``ConvertToChannelsLast``; the layout
@@ -167,6 +176,7 @@ class Options:
     gir_cache_gbps: float = 0.0
     gir_launch_us: float = 0.0
     threads: int = 0
+    cpu_parallel: str = "openmp"
     conv_layout: str = "auto"
     cuda_graph: str = "auto"
     cuda_graph_max_sizes: int = 32
@@ -182,6 +192,7 @@ class Options:
         _check_choice("fusion", self.fusion, FUSION_CHOICES)
         _check_choice("cuda_graph", self.cuda_graph, CUDA_GRAPH_CHOICES)
         _check_choice("conv_layout", self.conv_layout, CONV_LAYOUT_CHOICES)
+        _check_choice("cpu_parallel", self.cpu_parallel, CPU_PARALLEL_CHOICES)
         _check_choice("cost_model", self.cost_model, COST_MODEL_CHOICES)
         gir = self.gir
         if isinstance(gir, bool):

@@ -162,7 +162,7 @@ def _kernel_machine(target: tvm.target.Target, options: Options):  # noqa: ANN20
     from .costmodel.features import KernelContext
     from .gir.model import runtime_threads, target_lanes
 
-    threads = options.threads or runtime_threads()
+    threads = options.threads or runtime_threads(options.cpu_parallel)
     return KernelContext(options.gir_enabled(target), target_lanes(target), threads)
 
 
@@ -307,9 +307,11 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
     into its fields: the folders of ``$PLUS_TVM_WAREHOUSE`` (``warehouse_env``), the cost
     model (``cost_model="auto"``: learned where this machine has a calibration) and a learned
     model's file and identity (``cost_model_file``, ``cost_model_id``), and for CPU
-    targets the GIR model's stored bandwidths (``gir_global_gbps``, ``gir_cache_gbps``) and
-    TVM's pool size (``threads``). Fields already set (by the caller, or by an earlier call:
-    resolving twice reads nothing again) are kept. Both :func:`pipeline` and
+    targets the pool the parallel loops run on (``cpu_parallel``: ``"tvm"`` where OpenMP was
+    asked for and the native library is unavailable), the GIR model's stored figures for it
+    (``gir_global_gbps``, ``gir_cache_gbps``, ``gir_launch_us``) and its size (``threads``).
+    Fields already set (by the caller, or by an earlier call: resolving twice reads nothing
+    again) are kept. Both :func:`pipeline` and
     ``plus_tvm.compile`` run the phases with the resolved options, so ``stats["options"]``
     and :meth:`Options.digest` name everything that shaped the compiled code."""
     from .pattern_warehouse import env_folders
@@ -339,8 +341,11 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
         changes["cost_model_file"] = path
         changes["cost_model_id"] = model.identity
     if target.kind.name == "llvm":
-        from .gir.model import cpu_figures, runtime_threads
+        from .gir.model import cpu_figures, parallel_pool, runtime_threads
 
+        pool = parallel_pool(options.cpu_parallel)
+        if pool != options.cpu_parallel:  # OpenMP asked for, the native library unavailable
+            changes["cpu_parallel"] = pool
         fields = {
             "gir_global_gbps": "global_gbps",
             "gir_cache_gbps": "cache_gbps",
@@ -348,10 +353,10 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
         }
         unset = [name for name in fields if not getattr(options, name)]
         if unset:  # read only when unset
-            figures = cpu_figures(target)
+            figures = cpu_figures(target, pool)
             changes.update({name: figures[fields[name]] for name in unset})
         if not options.threads:
-            threads = runtime_threads()
+            threads = runtime_threads(pool)
             if threads:
                 changes["threads"] = threads
     return options.replace(**changes) if changes else options

@@ -40,6 +40,7 @@ from tvm import relax
 from ..errors import TVM_FAILURE, PlusError
 from ..kernel_timing import random_args, signatures
 from ..options import Options
+from ..runtime import native
 from ..target import device_for
 from .corpus import TIR_FLOP_LIMIT, Program, programs
 from .features import gir_plan_features, subgraph_features, tir_features
@@ -95,7 +96,7 @@ class Calibrator:
         self.min_ms = min_ms
         self.options = resolve_inputs(target, Options(dispatch_cost_model=False))
         self.lanes = target_lanes(target)
-        self.threads = self.options.threads or runtime_threads()
+        self.threads = self.options.threads or runtime_threads(self.options.cpu_parallel)
         self.rng = np.random.default_rng(0)
         self._entry_us: float | None = None
         if target.kind.name == "llvm":
@@ -484,7 +485,9 @@ def calibrate(
     twins = [name if name.endswith("-tiny") else f"{name}-tiny" for name in zoo]
     zoo = twins + [name for name in zoo if full_zoo and not name.endswith("-tiny")]
     out = Measurement()
-    with _bar(len(drawn) + len(zoo), progress) as bar:
+    # kernels are timed on the pool compiled models run their parallel loops on
+    openmp = native.openmp_parallel(calibrator.options.cpu_parallel == "openmp")
+    with openmp, _bar(len(drawn) + len(zoo), progress) as bar:
         for program in drawn:
             bar.set_postfix_str(program.name[:40])
             began = time.perf_counter()

@@ -72,6 +72,10 @@ class Machine:
 # EfficientNet-B0's squeeze-excite kernels (2-20 us of work) on both cores: 0.81 ms of TIR
 # kernels against 0.45 ms with the measured launch
 _CPU_DEFAULT = dict(global_gbps=20.0, cache_gbps=100.0, unit_share=0.6, launch_us=30.0)
+# launch_us on OpenMP's team (``runtime/native/parallel_launch.cc``), awake between kernels: the
+# same measurement with the team awake, 0.69-0.70 us here (three runs)
+_OPENMP_LAUNCH_US = 1.0
+LAUNCH_KEYS = {"tvm": "launch_us", "openmp": "launch_us_openmp"}  # stored figure per pool
 
 
 def _cpu_lanes(target: tvm.target.Target) -> int:
@@ -87,9 +91,29 @@ def target_lanes(target: tvm.target.Target) -> int:
     return 32 if "gpu" in target.keys else _cpu_lanes(target)
 
 
-def runtime_threads() -> int:
-    """Threads of TVM's pool (which TVM sizes when it starts); 0 when the runtime has no such
-    query."""
+POOLS = ("openmp", "tvm")  # where the parallel loops of generated CPU kernels run
+
+
+def parallel_pool(choice: str) -> str:
+    """The pool parallel loops will run on for ``Options.cpu_parallel`` = ``choice``: OpenMP's
+    when asked for and the native library can route TVM's launches there (it is built and loaded
+    here, once per process, as the first CPU run would), else TVM's."""
+    if choice == "openmp":
+        from ..runtime import native, use_native
+
+        if use_native() and native.openmp_parallel_available():
+            return "openmp"
+    return "tvm"
+
+
+def runtime_threads(pool: str = "tvm") -> int:
+    """Threads of a parallel loop on ``pool``: OpenMP's team as torch sizes it (when the launch
+    is installed), or TVM's pool (which TVM sizes when it starts); 0 when unknown."""
+    if pool == "openmp":
+        from ..runtime import native
+
+        if native.openmp_threads():
+            return native.openmp_threads()
     query = tvm.get_global_func("runtime.NumThreads", allow_missing=True)
     return int(query()) if query is not None else 0
 
@@ -172,13 +196,15 @@ def machine_for(
     return cpu_machine(target, load_figures(target) if figures is None else figures, threads)
 
 
-def cpu_figures(target: tvm.target.Target) -> dict[str, float]:
-    """The figures the CPU model uses for ``target`` now: the stored measurement, else the
-    defaults (what ``Options.gir_global_gbps`` / ``gir_cache_gbps`` / ``gir_launch_us`` of 0
-    resolve to)."""
+def cpu_figures(target: tvm.target.Target, pool: str = "tvm") -> dict[str, float]:
+    """The figures the CPU model uses for ``target`` now, parallel loops on ``pool``: the
+    stored measurement, else the defaults (what ``Options.gir_global_gbps`` /
+    ``gir_cache_gbps`` / ``gir_launch_us`` of 0 resolve to)."""
     stored = load_figures(target) or {}
-    keys = ("global_gbps", "cache_gbps", "launch_us")
-    return {k: float(stored.get(k, _CPU_DEFAULT[k])) for k in keys}
+    figures = {k: float(stored.get(k, _CPU_DEFAULT[k])) for k in ("global_gbps", "cache_gbps")}
+    default = _OPENMP_LAUNCH_US if pool == "openmp" else _CPU_DEFAULT["launch_us"]
+    figures["launch_us"] = float(stored.get(LAUNCH_KEYS[pool], default))
+    return figures
 
 
 # ------------------------------------------------------------------ measured CPU figures
@@ -234,12 +260,20 @@ def cpu_copy_kernel(target: tvm.target.Target, n: int, cores: int, reps: int = 1
     return tvm.compile(tvm.IRModule({"main": copy}), target=target)["main"]
 
 
-def pool_launch_us(target: tvm.target.Target, cores: int, calls: int = 200) -> float:
-    """Microseconds one parallel loop costs beyond its work: the median time of a tiny
-    ``cores``-way parallel kernel less that of its serial twin, each call timed alone (the
-    pool's workers asleep in between, as between a model's kernels)."""
+def pool_launch_us(
+    target: tvm.target.Target, cores: int, calls: int = 200, pool: str = "tvm"
+) -> float:
+    """Microseconds one parallel loop on ``pool`` costs beyond its work: the median time of a
+    tiny ``cores``-way parallel kernel less that of its serial twin, each call timed alone. On
+    TVM's pool its workers are asleep in between, as between a model's kernels (spin count 0);
+    on OpenMP's the team is awake, as the library calls between a model's kernels keep it."""
     import numpy as np
     from tvm.script import tirx as T  # noqa: N812
+
+    from ..runtime import native
+
+    if pool == "openmp" and parallel_pool("openmp") != "openmp":
+        raise RuntimeError("OpenMP launches are unavailable here: " + str(native.status()))
 
     def kernel(parallel: bool):
         @T.prim_func
@@ -257,14 +291,15 @@ def pool_launch_us(target: tvm.target.Target, cores: int, calls: int = 200) -> f
     medians = []
     for parallel in (False, True):
         timer = kernel(parallel).time_evaluator("main", dev, number=1, repeat=calls)
-        medians.append(float(np.median(timer(a, b).results)) * 1e6)
+        with native.openmp_parallel(pool == "openmp"):
+            medians.append(float(np.median(timer(a, b).results)) * 1e6)
     return max(medians[1] - medians[0], 0.0)
 
 
 def measure_cpu(target: tvm.target.Target, store: bool = True, seconds: float = 0.5) -> dict:
     """Measure copy bandwidth of DRAM (a 64 MiB copy on every core) and of cache (256 KiB per
-    core, repeated) with a parallel, vectorized TVM copy kernel, and the thread pool's launch
-    (:func:`pool_launch_us`); store them when asked."""
+    core, repeated) with a parallel, vectorized TVM copy kernel, and the launch of a parallel
+    loop on TVM's pool and on OpenMP's (:func:`pool_launch_us`); store them when asked."""
     import numpy as np
 
     # with the runtime's thread pool as it is: TVM sizes it at start-up (``TVM_NUM_THREADS``,
@@ -295,6 +330,8 @@ def measure_cpu(target: tvm.target.Target, store: bool = True, seconds: float = 
         "unit_share": _CPU_DEFAULT["unit_share"],
         "measured_at": time.time(),
     }
+    if parallel_pool("openmp") == "openmp":
+        figures[LAUNCH_KEYS["openmp"]] = pool_launch_us(target, cores, pool="openmp")
     if store:
         os.makedirs(cache_dir(), exist_ok=True)
         tmp = figures_path(target) + ".tmp"

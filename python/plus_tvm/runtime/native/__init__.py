@@ -36,7 +36,13 @@ from pathlib import Path
 from ...paths import cache_dir
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("onednn_common.h", "onednn_attention.cc", "onednn_conv2d.cc", "onednn_linear.cc")
+SOURCES = (
+    "onednn_common.h",
+    "onednn_attention.cc",
+    "onednn_conv2d.cc",
+    "onednn_linear.cc",
+    "parallel_launch.cc",
+)
 ONEDNN_PACKAGE = "onednn-cpu-gomp"
 ONEDNN_HEADERS_PACKAGE = "onednn-devel-cpu-gomp"
 ENABLE_ENV = "PLUS_TVM_NATIVE"
@@ -76,6 +82,7 @@ class _State:
     installed: dict[str, object] = field(default_factory=dict)
     reason: str | None = None  # why it is unavailable, once known
     path: str | None = None
+    use_openmp: object | None = None  # parallel_use_openmp, once the launch is installed
 
 
 _STATE = _State()
@@ -175,6 +182,7 @@ def build() -> str:
             "-fPIC",
             "-shared",
             "-fvisibility=hidden",
+            "-fopenmp",  # parallel_launch.cc (libgomp: the OpenMP runtime oneDNN and torch use)
             *[str(SOURCE_DIR / name) for name in SOURCES if name.endswith(".cc")],
             f"-I{tools['onednn_include']}",
             f"-I{tools['ffi_include']}",
@@ -231,7 +239,44 @@ def _install(kernels: dict[str, object]) -> None:
         native = module[f"{prefix}_create"](kernels[name])
         tvm_ffi.register_global_func(name, native, override=True)
         _STATE.installed[name] = native
+    if module["parallel_install"]():
+        _STATE.use_openmp = module["parallel_use_openmp"]
     _STATE.module = module
+
+
+def openmp_parallel_available() -> bool:
+    """Whether TVM's parallel loops can run on OpenMP's pool here (``parallel_launch.cc``: the
+    native library is loaded and routes the launches of TVM modules loaded after it)."""
+    return _STATE.use_openmp is not None
+
+
+def use_openmp(on: bool) -> bool:
+    """Route the parallel loops of TVM kernels this thread calls to OpenMP's pool (``on``) or to
+    TVM's; returns the previous setting (restore it when done). Without the native library a
+    no-op returning False."""
+    switch = _STATE.use_openmp
+    return bool(switch(on)) if switch is not None else False
+
+
+@contextlib.contextmanager
+def openmp_parallel(on: bool = True) -> Iterator[None]:
+    """The TVM kernels this thread calls inside the block launch their parallel loops on
+    OpenMP's pool (``on``), or on TVM's."""
+    before = use_openmp(on)
+    try:
+        yield
+    finally:
+        use_openmp(before)
+
+
+def openmp_threads() -> int:
+    """Threads an OpenMP launch from this thread uses (what torch sets), 0 when unavailable."""
+    return int(_STATE.module["parallel_threads"]()) if openmp_parallel_available() else 0
+
+
+def openmp_launches() -> int:
+    """Parallel loops of TVM kernels launched on OpenMP in this process so far."""
+    return int(_STATE.module["parallel_launches"]()) if openmp_parallel_available() else 0
 
 
 def installed(name: str) -> object | None:
@@ -258,10 +303,14 @@ def clear() -> None:
 
 def status() -> dict[str, object]:
     """Whether native kernels are in use, and why not; per kernel its calls, fallbacks to
-    Python, primitives and packed weights."""
+    Python, primitives and packed weights; the parallel loops of TVM kernels launched on
+    OpenMP (``openmp_launches``, absent when the launch is not installed)."""
     if not enabled():
         return {"available": False, "reason": f"{ENABLE_ENV}=0"}
     if _STATE.module is None:
         return {"available": False, "reason": _STATE.reason or "not loaded yet"}
     stats = {name: json.loads(str(text)) for name, text in _each("stats").items()}
-    return {"available": True, "library": _STATE.path, "kernels": stats}
+    out = {"available": True, "library": _STATE.path, "kernels": stats}
+    if openmp_parallel_available():
+        out["openmp_launches"] = openmp_launches()
+    return out
