@@ -4,6 +4,8 @@ errors raised on the caller, and compiled models equal under both pools."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -213,3 +215,20 @@ def test_the_launch_is_measured_on_each_pool():
     tvm_pool = pool_launch_us(TARGET, 2, calls=20, pool="tvm")
     assert native.openmp_launches() == middle  # TVM's measurement launched on TVM's pool
     assert 0 <= openmp < 1000 and 0 <= tvm_pool < 1000
+
+
+def test_compiling_and_running_loads_one_openmp_runtime_and_no_xgboost():
+    """A compile with the analytic cost model never imports xgboost (its wheel brings a second
+    libgomp), so the process runs one OpenMP runtime: torch's, which oneDNN and the launch use."""
+    script = (
+        "import sys, torch, plus_tvm\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()\n"
+        "cm = plus_tvm.compile(m, example_args=(torch.randn(2, 8),))\n"
+        "cm(torch.randn(2, 8))\n"
+        "gomp = {l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l}\n"
+        "print('xgboost' in sys.modules, len(gomp))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[-2:] == ["False", "1"]

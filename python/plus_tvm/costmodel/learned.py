@@ -20,7 +20,6 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
-from xgboost.core import XGBoostError
 
 from ..errors import PlusError
 from ..paths import cache_dir
@@ -118,6 +117,8 @@ class LearnedCostModel:
             raise CostModelError(f"{path}: not a cost model (invalid JSON: {err})") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise CostModelError(f"{path}: not a cost model (expected format {FORMAT!r})")
+        from xgboost.core import XGBoostError  # (here: compiling without a model never loads it)
+
         try:
             return cls(data, hashlib.sha256(raw).hexdigest()[:16], path)
         except (KeyError, TypeError, ValueError, XGBoostError) as err:
