@@ -56,8 +56,8 @@ _VERSION = operator.attrgetter("_version")
 
 class _Followed:
     """Torch tensors whose in-place changes a model follows, by their version counters: one
-    C-level pass over all of them per call (BERT-base's 200 weights in a few microseconds,
-    where one Python call per tensor cost about 50 us). Arrays without a counter (numpy)
+    C-level pass over all of them per call (MobileNetV2's 158 weights: a call's weight check
+    21 us, against 47 us with one Python call per tensor). Arrays without a counter (numpy)
     cannot change under the model unseen and are not followed."""
 
     def __init__(self, sources: dict[int, WeightSource]) -> None:
@@ -66,12 +66,12 @@ class _Followed:
         self.versions = list(map(_VERSION, self.tensors))
         self.slot = {p: k for k, p in enumerate(self.positions)}
 
-    def changed(self) -> list[tuple[int, int]]:
-        """``(position, version now)`` of each tensor changed since it was last seen."""
+    def changed(self) -> list[int]:
+        """The position of each tensor changed since it was last seen."""
         now = list(map(_VERSION, self.tensors))
         if now == self.versions:
             return []
-        return [(p, v) for p, v, w in zip(self.positions, now, self.versions) if v != w]
+        return [p for p, v, w in zip(self.positions, now, self.versions) if v != w]
 
     def seen(self, position: int, version: int) -> None:
         self.versions[self.slot[position]] = version
@@ -165,10 +165,11 @@ class CompiledModel:
         return vm, weights
 
     def _current_weights(self) -> list:
-        for i, _ in self._baked_followed.changed():
+        changed = self._baked_followed.changed()
+        if changed:
             raise InputError(
-                f"buffer {self._baked[i].name} of the torch module changed after compilation; "
-                "it is compiled into the code as a constant: compile the model again"
+                f"buffer {self._baked[changed[0]].name} of the torch module changed after "
+                "compilation; it is compiled into the code as a constant: compile the model again"
             )
         with self._lock:
             if self._device_weights is None:
@@ -177,7 +178,7 @@ class CompiledModel:
                     if id(p) not in placed:
                         placed[id(p)] = self._placed(p)
                 self._device_weights = [placed[id(p)] for p in self._weights]
-            for i, _ in self._followed.changed():
+            for i in self._followed.changed():
                 self._refresh(i, self._sources[i])
                 self._followed.seen(i, self._versions[i])
             return list(self._device_weights)

@@ -91,9 +91,6 @@ def target_lanes(target: tvm.target.Target) -> int:
     return 32 if "gpu" in target.keys else _cpu_lanes(target)
 
 
-POOLS = ("openmp", "tvm")  # where the parallel loops of generated CPU kernels run
-
-
 def parallel_pool(choice: str) -> str:
     """The pool parallel loops will run on for ``Options.cpu_parallel`` = ``choice``: OpenMP's
     when asked for and the native library can route TVM's launches there (it is built and loaded
@@ -112,8 +109,9 @@ def runtime_threads(pool: str = "tvm") -> int:
     if pool == "openmp":
         from ..runtime import native
 
-        if native.openmp_threads():
-            return native.openmp_threads()
+        threads = native.openmp_threads()
+        if threads:
+            return threads
     query = tvm.get_global_func("runtime.NumThreads", allow_missing=True)
     return int(query()) if query is not None else 0
 
