@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import platform
 import subprocess
 import sys
 import threading
@@ -103,8 +104,12 @@ def run_native(x_nchw, w, bias, stats, residual, cfg, nan=True) -> tuple[torch.T
     out_shape = tuple(want.permute(0, 2, 3, 1).shape)
     text = ";".join(f"{k}={v}" for k, v in config.items())
     fn = conv_vm([tuple(t.shape) for t in inputs], text, out_shape)
+    args = [tvm.runtime.tensor(t.numpy()) for t in inputs]
     before = conv_stats()["fallbacks"]
-    got = fn(*[tvm.runtime.tensor(t.numpy()) for t in inputs]).numpy()
+    # torch's reference on a NaN leaves this thread's invalid-operation flag set: cleared, so
+    # that the NaN guard (nan_guard.h) reruns for the NaN it sees itself, or not at all
+    native.take_invalid_flags()
+    got = fn(*args).numpy()
     fallbacks = conv_stats()["fallbacks"] - before
     return torch.from_numpy(got).permute(0, 3, 1, 2), fallbacks
 
@@ -192,8 +197,11 @@ def test_conv2d_native_nan_reaches_the_output(act):
         "act": act,
         "post_act": "none",
     }
+    reruns = conv_stats()["nan_reruns"]
     got, _ = run_native(x, w, None, None, None, cfg)
     want = reference(x, w, None, None, None, cfg)
+    if GUARDED:  # the fast form ran, saw the NaN and ran again NaN-keeping
+        assert conv_stats()["nan_reruns"] == reruns + 1
     assert torch.isnan(got[0, :, 2, 3]).all()
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     close(got, want)
@@ -201,6 +209,115 @@ def test_conv2d_native_nan_reaches_the_output(act):
     assert not torch.signbit(got[~torch.isnan(got)]).any()
     dropped, _ = run_native(x, w, None, None, None, cfg, nan=False)  # allowed to drop NaN
     close(dropped[~torch.isnan(want)], want[~torch.isnan(want)])
+
+
+GUARDED = platform.machine() in ("x86_64", "AMD64")  # the NaN guard (nan_guard.h) runs on x86
+
+
+def guard_counts() -> tuple[int, int]:
+    stats = conv_stats()
+    return stats["guarded"], stats["nan_reruns"]
+
+
+NAN_GUARD_CASES = [
+    # (cin, cout, k, stride, groups, image, act, residual, post_act)
+    (16, 96, 1, 1, 1, 56, "relu6", False, "none"),  # pointwise expansion
+    (48, 48, 3, 2, 48, 57, "relu6", False, "none"),  # depthwise, strided
+    (8, 32, 3, 1, 1, 40, "relu", False, "none"),
+    (32, 32, 3, 1, 1, 28, "none", True, "relu"),  # ResNet's add, then ReLU
+]
+
+
+@pytest.mark.parametrize("cin,cout,k,stride,groups,image,act,residual,post_act", NAN_GUARD_CASES)
+def test_conv2d_native_nan_guard(cin, cout, k, stride, groups, image, act, residual, post_act):
+    """ReLU / ReLU6 run as oneDNN's max / min, and again NaN-keeping only when a NaN reached them:
+    wherever the NaN is (so whichever thread computed it), and NaN made on the way (inf - inf)."""
+    torch.manual_seed(cin + image)
+    w = torch.randn(cout, cin // groups, k, k)
+    b = torch.randn(cout)
+    cfg = {
+        "stride": (stride, stride),
+        "padding": (k // 2,) * 4,
+        "dilation": (1, 1),
+        "groups": groups,
+        "act": act,
+        "post_act": post_act,
+    }
+    x = torch.randn(1, cin, image, image)
+    res_shape = reference(x, w, b, None, None, cfg).shape
+    res = torch.randn(res_shape) if residual else None
+    guarded, reruns = guard_counts()
+    got, fallbacks = run_native(x, w, b, None, res, cfg)
+    assert fallbacks == 0
+    close(got, reference(x, w, b, None, res, cfg))
+    if GUARDED:  # finite input: the fast form ran once, no second run
+        assert guard_counts() == (guarded + 1, reruns)
+    places = [(0, 0), (image // 2, image // 3), (image - 1, image - 1), (image - 1, 0)]
+    for h, wpos in places:
+        bad = x.clone()
+        bad[0, cin // 2, h, wpos] = float("nan")
+        got, _ = run_native(bad, w, b, None, res, cfg)
+        want = reference(bad, w, b, None, res, cfg)
+        assert torch.isnan(want).any()
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), (h, wpos)
+        close(got, want)
+    if residual:  # a NaN arriving through the residual alone
+        bad_res = res.clone()
+        bad_res[0, 0, -1, -1] = float("nan")
+        got, _ = run_native(x, w, b, None, bad_res, cfg)
+        want = reference(x, w, b, None, bad_res, cfg)
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+    if groups == 1:  # two infinities meeting weights of opposite signs: inf - inf = NaN
+        ch = torch.nonzero(w[:, 0, 0, 0] * w[:, 1, 0, 0] < 0)[0, 0]
+        assert ch is not None
+        bad = x.clone()
+        bad[0, :2, 0, 0] = float("inf")
+        got, _ = run_native(bad, w, b, None, res, cfg)
+        want = reference(bad, w, b, None, res, cfg)
+        assert torch.isnan(want).any()
+        # every NaN of torch's here too (the NaN-keeping forms also give NaN for the infinities
+        # torch's ReLU / ReLU6 map to 0 or 6: AppendActivation)
+        assert torch.isnan(got)[torch.isnan(want)].all()
+    if GUARDED:
+        assert guard_counts()[1] > reruns  # the NaN inputs ran again
+
+
+def test_conv2d_native_nan_guard_from_several_threads():
+    """Each thread's guard reads its own team's flags: a NaN in one thread's input reruns that
+    call only, and every thread gets torch's result, NaN where torch has NaN."""
+    torch.manual_seed(5)
+    w = torch.randn(32, 16, 1, 1)
+    exe = conv_exe(
+        [(1, 20, 20, 16), (32, 16, 1, 1)], "layout=nhwc;act=relu6;nan=1", (1, 20, 20, 32)
+    )
+    wt = tvm.runtime.tensor(w.numpy())
+    xs = [torch.randn(1, 16, 20, 20) for _ in range(4)]
+    for i in (1, 3):
+        xs[i][0, i, 6 * i, 19 - i] = float("nan")
+    wants = [F.conv2d(x, w).clamp(0, 6) for x in xs]
+    errors = []
+
+    def work(i: int) -> None:
+        fn = relax.VirtualMachine(exe, tvm.cpu())["main"]
+        xt = tvm.runtime.tensor(xs[i].permute(0, 2, 3, 1).contiguous().numpy())
+        native.take_invalid_flags()
+        for _ in range(25):
+            got = torch.from_numpy(fn(xt, wt).numpy()).permute(0, 3, 1, 2)
+            if not torch.equal(torch.isnan(got), torch.isnan(wants[i])):
+                errors.append(("nan", i))
+            elif not torch.allclose(got, wants[i], rtol=1e-4, atol=1e-4, equal_nan=True):
+                errors.append(("value", i))
+
+    guarded, reruns = guard_counts()
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    if GUARDED:
+        assert guard_counts()[0] - guarded == 100
+        assert guard_counts()[1] - reruns == 50  # the two NaN threads, every call; no other
 
 
 def test_conv2d_native_falls_back_to_python_for_what_it_does_not_run():

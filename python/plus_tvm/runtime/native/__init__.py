@@ -41,6 +41,8 @@ SOURCES = (
     "onednn_attention.cc",
     "onednn_conv2d.cc",
     "onednn_linear.cc",
+    "nan_guard.cc",
+    "nan_guard.h",
     "parallel_launch.cc",
 )
 ONEDNN_PACKAGE = "onednn-cpu-gomp"
@@ -277,6 +279,14 @@ def openmp_threads() -> int:
 def openmp_launches() -> int:
     """Parallel loops of TVM kernels launched on OpenMP in this process so far."""
     return int(_STATE.module["parallel_launches"]()) if openmp_parallel_available() else 0
+
+
+def take_invalid_flags() -> int:
+    """Clears the x86 invalid-operation flag on this thread and its OpenMP team, which the NaN
+    guard of the ReLU / ReLU6 convolutions reads (``nan_guard.h``); returns how many threads had
+    it set (0 without the native library). Work that met a NaN leaves it set, and the next
+    guarded call then runs twice."""
+    return int(_STATE.module["nan_guard_take_flags"]()) if _STATE.module is not None else 0
 
 
 def installed(name: str) -> object | None:

@@ -65,7 +65,9 @@ inline bool IsActivation(const std::string& name) {
 // which turns NaN into 0 where torch returns NaN; with ``nan`` they are built from PReLU with a
 // zero slope (x > 0 ? x : 0 * x, which keeps NaN) instead: relu = prelu, then x * 1 + 0 (-0
 // becomes +0); relu6 = 6 - relu(6 - relu(x)), exact for x >= 3 and within half an ulp of 6
-// (2.4e-7) below. Infinities give NaN there (0 * inf), never a number.
+// (2.4e-7) below. Infinities give NaN there (0 * inf), never a number. The forms cost 1.2-1.3x
+// the convolution, so the convolution kernel runs oneDNN's own first, under the NaN guard
+// (nan_guard.h), and these only when a NaN reached the activation.
 inline void AppendActivation(dnnl::post_ops* ops, const std::string& act, bool nan,
                              std::vector<int>* prelu) {
   auto eltwise = [&](algorithm alg, float alpha, float beta) {
@@ -362,11 +364,14 @@ struct Counters {
   std::atomic<int64_t> packs{0};
   std::atomic<int64_t> call_ns{0};     // inside the kernel, from entry to return
   std::atomic<int64_t> execute_ns{0};  // inside oneDNN's primitives
+  std::atomic<int64_t> guarded{0};     // calls run in the fast form under the NaN guard
+  std::atomic<int64_t> nan_reruns{0};  // of those, calls run again NaN-keeping (nan_guard.h)
 
   std::string Json() const {
     std::ostringstream os;
     os << "\"calls\": " << calls << ", \"fallbacks\": " << fallbacks << ", \"packs\": " << packs
-       << ", \"call_us\": " << call_ns / 1000 << ", \"execute_us\": " << execute_ns / 1000;
+       << ", \"call_us\": " << call_ns / 1000 << ", \"execute_us\": " << execute_ns / 1000
+       << ", \"guarded\": " << guarded << ", \"nan_reruns\": " << nan_reruns;
     return os.str();
   }
 };
@@ -403,9 +408,11 @@ struct ExecArgs {
   int n = 0;
   void Add(int arg, const memory& mem) { args[n++] = {arg, mem.get()}; }
   // the per-thread scratchpad of a primitive created with scratchpad_mode::user
-  void AddScratchpad(const std::shared_ptr<void>& owner, const memory::desc& desc) {
+  // (``slot`` tells apart the memory objects of a plan's primitives)
+  void AddScratchpad(const std::shared_ptr<void>& owner, const memory::desc& desc,
+                     int slot = -1) {
     if (desc.get_size() == 0) return;
-    Add(DNNL_ARG_SCRATCHPAD, ThreadMemory(owner, -1, desc, Scratchpad(desc.get_size())));
+    Add(DNNL_ARG_SCRATCHPAD, ThreadMemory(owner, slot, desc, Scratchpad(desc.get_size())));
   }
   void AddZeroSlopes(const std::vector<int>& prelu) {
     for (int index : prelu) Add(DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_WEIGHTS, ZeroSlope());

@@ -7,7 +7,9 @@
 // it as oneDNN post-ops, and asymmetric padding done by the convolution itself. The result is
 // written straight into the VM's output buffer. Anything else (another layout, dtype or device, a
 // config key this file does not know, a shape it cannot check) goes to the Python implementation
-// the kernel was created with, which raises the errors.
+// the kernel was created with, which raises the errors. With ``nan=1`` (the default) a ReLU /
+// ReLU6 runs as oneDNN's own (max / min) under the NaN guard (nan_guard.h), and again in the
+// NaN-keeping form only when a NaN reached it.
 //
 // Caches: parsed configs by config string; primitives by (config, input shape, weight shape);
 // packed (and BatchNorm-folded) weights by (primitive, data pointers of the weight tensors),
@@ -15,6 +17,7 @@
 // outside it, each thread on its own stream.
 
 #include "onednn_common.h"
+#include "nan_guard.h"
 
 #include <cmath>
 
@@ -71,11 +74,19 @@ ConvConfig ParseConvConfig(const std::string& text) {  // NOLINT: a parser, used
   return cfg;
 }
 
-struct Plan {
+// One primitive of a plan and what its post-ops take.
+struct Variant {
   dnnl::convolution_forward primitive;
-  memory::desc src, weights, user_weights, bias, dst, scratchpad;
+  memory::desc scratchpad;
   int residual_arg = 0;
   std::vector<int> prelu;  // post-ops whose weight is the zero slope
+};
+
+struct Plan {
+  memory::desc src, weights, user_weights, bias, dst;
+  Variant exact;          // the activations as the config asks
+  Variant fast;           // with oneDNN's own ReLU / clip, run under the NaN guard
+  bool guarded = false;   // fast exists, takes the same packed weights and passed Verified
 };
 
 // What one call needs beyond its tensors: the primitive and the packed weights.
@@ -136,21 +147,30 @@ class Conv2d : public KernelBase {
     if (bound.plan == nullptr) return Fallback(args, rv);
     const Plan& plan = *bound.plan;
     std::shared_ptr<void> owner = bound.plan;
-    ExecArgs exec;
-    exec.Add(DNNL_ARG_SRC, ThreadMemory(owner, 0, plan.src, DataOf(x)));
-    exec.Add(DNNL_ARG_WEIGHTS, bound.packed->parts[0]);
-    exec.Add(DNNL_ARG_DST, ThreadMemory(owner, 1, plan.dst, DataOf(y)));
-    if (bound.packed->parts.size() > 1) {
-      exec.Add(DNNL_ARG_BIAS, bound.packed->parts[1]);  // folded with the BatchNorm
-    } else if (bias != nullptr) {
-      exec.Add(DNNL_ARG_BIAS, ThreadMemory(owner, 2, plan.bias, DataOf(bias)));
+    auto run = [&](const Variant& variant, int scratch_slot) {
+      ExecArgs exec;
+      exec.Add(DNNL_ARG_SRC, ThreadMemory(owner, 0, plan.src, DataOf(x)));
+      exec.Add(DNNL_ARG_WEIGHTS, bound.packed->parts[0]);
+      exec.Add(DNNL_ARG_DST, ThreadMemory(owner, 1, plan.dst, DataOf(y)));
+      if (bound.packed->parts.size() > 1) {
+        exec.Add(DNNL_ARG_BIAS, bound.packed->parts[1]);  // folded with the BatchNorm
+      } else if (bias != nullptr) {
+        exec.Add(DNNL_ARG_BIAS, ThreadMemory(owner, 2, plan.bias, DataOf(bias)));
+      }
+      if (residual != nullptr) {
+        exec.Add(variant.residual_arg, ThreadMemory(owner, 3, plan.dst, DataOf(residual)));
+      }
+      exec.AddScratchpad(owner, variant.scratchpad, scratch_slot);
+      exec.AddZeroSlopes(variant.prelu);
+      Execute(variant.primitive, exec);
+    };
+    if (plan.guarded && NanGuardAvailable()) {
+      counters_.guarded += 1;
+      run(plan.fast, -2);
+      if (TakeInvalidFlags() == 0) return Done(start);
+      counters_.nan_reruns += 1;  // a NaN reached the activation: the NaN-keeping form
     }
-    if (residual != nullptr) {
-      exec.Add(plan.residual_arg, ThreadMemory(owner, 3, plan.dst, DataOf(residual)));
-    }
-    exec.AddScratchpad(owner, plan.scratchpad);
-    exec.AddZeroSlopes(plan.prelu);
-    Execute(plan.primitive, exec);
+    run(plan.exact, -1);
     Done(start);
   }
 
@@ -211,33 +231,47 @@ class Conv2d : public KernelBase {
         g > 1 ? memory::dims{g, oc / g, c / g, kh, kw} : memory::dims{oc, c, kh, kw};
     plan->user_weights = memory::desc(wdims, f32, g > 1 ? tag::goihw : tag::oihw);
     plan->bias = memory::desc({oc}, f32, tag::a);
-    dnnl::post_ops ops;
-    AppendActivation(&ops, cfg.act, cfg.nan, &plan->prelu);
-    if (cfg.residual) {
-      plan->residual_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
-      ops.append_binary(algorithm::binary_add, plan->dst);
-    }
-    AppendActivation(&ops, cfg.post_act, cfg.nan, &plan->prelu);
-    dnnl::primitive_attr attr;
-    attr.set_post_ops(ops);
-    // the caller's scratchpad, one per thread: the library's own is shared between threads
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     memory::desc weights_any(wdims, f32, tag::any);
     memory::dims strides{cfg.stride[0], cfg.stride[1]};
     memory::dims dilates{cfg.dilation[0] - 1, cfg.dilation[1] - 1};
     memory::dims pad_l{cfg.padding[0], cfg.padding[1]}, pad_r{cfg.padding[2], cfg.padding[3]};
-    auto kind = dnnl::prop_kind::forward_inference;
-    auto direct = algorithm::convolution_direct;
-    auto pd = (cfg.bias || cfg.bn)
-                  ? dnnl::convolution_forward::primitive_desc(
-                        Engine(), kind, direct, plan->src, weights_any, plan->bias, plan->dst,
-                        strides, dilates, pad_l, pad_r, attr)
-                  : dnnl::convolution_forward::primitive_desc(Engine(), kind, direct, plan->src,
-                                                              weights_any, plan->dst, strides,
-                                                              dilates, pad_l, pad_r, attr);
-    plan->weights = pd.weights_desc();
-    plan->scratchpad = pd.scratchpad_desc();
-    plan->primitive = dnnl::convolution_forward(pd);
+    auto make = [&](bool nan, Variant* variant) {
+      dnnl::post_ops ops;
+      AppendActivation(&ops, cfg.act, nan, &variant->prelu);
+      if (cfg.residual) {
+        variant->residual_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
+        ops.append_binary(algorithm::binary_add, plan->dst);
+      }
+      AppendActivation(&ops, cfg.post_act, nan, &variant->prelu);
+      dnnl::primitive_attr attr;
+      attr.set_post_ops(ops);
+      // the caller's scratchpad, one per thread: the library's own is shared between threads
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      auto kind = dnnl::prop_kind::forward_inference;
+      auto direct = algorithm::convolution_direct;
+      auto pd = (cfg.bias || cfg.bn)
+                    ? dnnl::convolution_forward::primitive_desc(
+                          Engine(), kind, direct, plan->src, weights_any, plan->bias, plan->dst,
+                          strides, dilates, pad_l, pad_r, attr)
+                    : dnnl::convolution_forward::primitive_desc(Engine(), kind, direct, plan->src,
+                                                                weights_any, plan->dst, strides,
+                                                                dilates, pad_l, pad_r, attr);
+      variant->scratchpad = pd.scratchpad_desc();
+      variant->primitive = dnnl::convolution_forward(pd);
+      return pd.weights_desc();
+    };
+    plan->weights = make(cfg.nan, &plan->exact);
+    if (cfg.nan && (NeedsNanGuard(cfg.act) || NeedsNanGuard(cfg.post_act)) &&
+        NanGuardAvailable() && make(false, &plan->fast) == plan->weights) {
+      std::unordered_map<int, memory::desc> args{
+          {DNNL_ARG_SRC, plan->src}, {DNNL_ARG_WEIGHTS, plan->weights}, {DNNL_ARG_DST, plan->dst}};
+      if (cfg.bias || cfg.bn) args.emplace(DNNL_ARG_BIAS, plan->bias);
+      if (cfg.residual) args.emplace(plan->fast.residual_arg, plan->dst);
+      if (plan->fast.scratchpad.get_size() > 0) {
+        args.emplace(DNNL_ARG_SCRATCHPAD, plan->fast.scratchpad);
+      }
+      plan->guarded = Verified(plan->fast.primitive, args);
+    }
     plans_.emplace(key, plan);
     return plan;
   }
