@@ -30,7 +30,7 @@ from ..costmodel import (
 )
 from ..costmodel.dispatch_cost import analytic_ratio
 from ..costmodel.features import KernelContext, choice_features, library_features, tir_features
-from ..dispatch.binders import BINDERS, Ctx, LibraryCall
+from ..dispatch.binders import BINDERS, CallSettings, Ctx, LibraryCall
 from ..dispatch.identify import Identifier
 from ..dispatch.opgraph import OpGraph
 from ..runtime.native import runs_natively
@@ -54,6 +54,9 @@ class PlusDispatch:
     propagate_nan : bool
         Library activations must return NaN for NaN (``Options.propagate_nan``); off lets a
         library drop it where that is faster.
+    conv_winograd : bool
+        3x3 convolutions may run as Winograd F(2x2, 3x3) where the library finds it faster
+        (``Options.conv_winograd``); off: always the direct algorithm.
     machine : costmodel.features.KernelContext or None
         Where the kernels run, as the learned model's vectors say it; required by a
         ``LearnedDispatchCost`` and by ``record_calls``.
@@ -68,6 +71,7 @@ class PlusDispatch:
         extra_dirs: tuple[str, ...] = (),
         cost=DispatchCost(),  # noqa: ANN001, B008
         propagate_nan: bool = True,
+        conv_winograd: bool = True,
         machine: KernelContext | None = None,
         record_calls: bool = False,
     ):
@@ -76,7 +80,7 @@ class PlusDispatch:
         self.warehouse = warehouse
         self.extra_dirs = tuple(extra_dirs)
         self.cost = cost
-        self.propagate_nan = propagate_nan
+        self.settings = CallSettings(propagate_nan=propagate_nan, conv_winograd=conv_winograd)
         self.machine = machine
         self.record_calls = record_calls
 
@@ -100,7 +104,7 @@ class PlusDispatch:
                     self.cost,
                     report,
                     cache,
-                    self.propagate_nan,
+                    self.settings,
                     self.machine,
                 )
                 if new is not func:
@@ -167,7 +171,7 @@ def _weights(func: relax.Function) -> set[int]:
     return {p.id_ for p in list(func.params)[int(num_input) :]}
 
 
-def _rewrite_function(func, mod, warehouse, kind, cost, report, cache, nan, machine):  # noqa: ANN001, ANN202, PLR0913
+def _rewrite_function(func, mod, warehouse, kind, cost, report, cache, settings, machine):  # noqa: ANN001, ANN202, PLR0913
     weights = _weights(func)
     sizes = typical_sizes(func)  # symbolic sizes priced at the middle of their declared range
     if cost is not None:
@@ -180,7 +184,7 @@ def _rewrite_function(func, mod, warehouse, kind, cost, report, cache, nan, mach
     for block in body.blocks:
         if isinstance(block, relax.DataflowBlock):
             new = _rewrite_block(
-                block, mod, warehouse, kind, cost, report, cache, weights, nan, sizes, machine
+                block, mod, warehouse, kind, cost, report, cache, weights, settings, sizes, machine
             )
             changed |= new is not block
             block = new
@@ -192,7 +196,7 @@ def _rewrite_function(func, mod, warehouse, kind, cost, report, cache, nan, mach
     )
 
 
-def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, nan, sizes, machine):  # noqa: ANN001, ANN202, PLR0913
+def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, lib, sizes, machine):  # noqa: ANN001, ANN202, PLR0913
     graph = OpGraph(block, mod, cache)
     calls: dict[int, LibraryCall] = {}
     absorbed: set[int] = set()
@@ -208,7 +212,7 @@ def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, na
                 seen.add(match.members)
                 report.matched[match.entries[0].name] += 1
             for state in (match, *match.fallbacks):
-                ctx = Ctx(graph, state.members, weights, taken=absorbed, propagate_nan=nan)
+                ctx = Ctx(graph, state.members, weights, taken=absorbed, settings=lib)
                 chosen = _choose(state, ctx, graph, kind, cost, report, machine)
                 if chosen is not None:
                     break

@@ -320,6 +320,92 @@ def test_conv2d_native_nan_guard_from_several_threads():
         assert guard_counts()[1] - reruns == 50  # the two NaN threads, every call; no other
 
 
+WINOGRAD_CASES = [
+    # (cin, cout, padding t, l, b, r, image (h, w), batch, bias, bn, act, residual, post_act)
+    (256, 256, (1, 1, 1, 1), (15, 15), 1, True, False, "relu", False, "none"),  # edge tiles
+    (256, 320, (1, 1, 1, 1), (8, 11), 2, False, True, "relu6", False, "none"),  # batch 2, BN
+    (288, 256, (0, 0, 0, 0), (18, 16), 1, True, False, "none", False, "none"),  # valid
+    (256, 256, (0, 1, 2, 1), (13, 14), 1, False, False, "none", False, "relu"),  # asymmetric
+    (256, 256, (1, 1, 1, 1), (14, 14), 1, True, True, "relu", True, "relu"),  # ResNet's block
+]
+
+
+@pytest.mark.parametrize(
+    "cin,cout,padding,image,batch,bias,bn,act,residual,post_act", WINOGRAD_CASES
+)
+def test_conv2d_native_winograd(
+    cin, cout, padding, image, batch, bias, bn, act, residual, post_act
+):
+    """Wide 3x3 stride-1 convolutions run as Winograd F(2x2, 3x3): torch's result for every
+    epilogue, padding and edge tile, and NaN exactly where torch has NaN."""
+    torch.manual_seed(cin + cout + image[1])
+    x = torch.randn(batch, cin, *image)
+    w = torch.randn(cout, cin, 3, 3) * 0.1
+    b = torch.randn(cout) if bias else None
+    stats = None
+    if bn:
+        stats = [
+            torch.rand(cout) + 0.5,
+            torch.randn(cout),
+            torch.randn(cout),
+            torch.rand(cout) + 0.1,
+        ]
+    cfg = {
+        "stride": (1, 1),
+        "padding": padding,
+        "dilation": (1, 1),
+        "groups": 1,
+        "act": act,
+        "post_act": post_act,
+        "eps": 1e-5,
+    }
+    out = reference(x, w, b, stats, None, cfg)
+    res = torch.randn(out.shape) if residual else None
+    before = conv_stats()["winograd"]
+    got, fallbacks = run_native(x, w, b, stats, res, cfg)
+    assert fallbacks == 0
+    assert conv_stats()["winograd"] == before + 1
+    close(got, reference(x, w, b, stats, res, cfg))
+    bad = x.clone()
+    bad[0, 3, image[0] // 2, 0] = float("nan")
+    bad[-1, 5, image[0] - 1, image[1] - 1] = float("nan")
+    got, _ = run_native(bad, w, b, stats, res, cfg)
+    want = reference(bad, w, b, stats, res, cfg)
+    assert torch.isnan(want).any()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    close(got, want)
+
+
+def test_conv2d_native_winograd_only_where_it_wins():
+    """Thin layers, layers of few tiles, strides, dilations, groups and activations Winograd's
+    epilogue does not compute stay on oneDNN's direct convolution."""
+    direct = [
+        (128, 256, 1, 1, 1, "relu", 16),  # too few input channels
+        (256, 128, 1, 1, 1, "relu", 16),  # too few output channels
+        (256, 256, 1, 1, 1, "relu", 7),  # too few tiles (16)
+        (256, 256, 2, 1, 1, "relu", 16),  # strided
+        (256, 256, 1, 2, 1, "relu", 16),  # dilated
+        (256, 256, 1, 1, 2, "relu", 16),  # grouped
+        (256, 256, 1, 1, 1, "silu", 16),
+    ]
+    for cin, cout, stride, dilation, groups, act, image in direct:
+        x = torch.randn(1, cin, image, image)
+        w = torch.randn(cout, cin // groups, 3, 3) * 0.1
+        cfg = {
+            "stride": (stride, stride),
+            "padding": (dilation,) * 4,
+            "dilation": (dilation, dilation),
+            "groups": groups,
+            "act": act,
+            "post_act": "none",
+        }
+        before = conv_stats()["winograd"]
+        got, fallbacks = run_native(x, w, None, None, None, cfg)
+        assert fallbacks == 0
+        assert conv_stats()["winograd"] == before, (cin, stride, dilation, groups, act)
+        close(got, reference(x, w, None, None, None, cfg))
+
+
 def test_conv2d_native_falls_back_to_python_for_what_it_does_not_run():
     x, w = torch.randn(1, 4, 6, 6), torch.randn(8, 4, 3, 3)
     fn = conv_vm([(1, 4, 6, 6), (8, 4, 3, 3)], "layout=nchw;padding=1", (1, 8, 6, 6))

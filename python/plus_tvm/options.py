@@ -144,6 +144,11 @@ class Options:
     fold_constants : bool
         Run ``FoldStaticSubgraphs`` in phase 1 (input-independent chains computed at compile
         time) and ``FoldConstant`` after legalization (TVM's default does the latter).
+    conv_winograd : bool
+        The native convolution computes a 3x3 stride-1 layer of 256 or more input and output
+        channels and 40 or more 2x2 output tiles as Winograd F(2x2, 3x3) (1.17-1.54x oneDNN's
+        direct convolution on such layers here; ``runtime/native/winograd.h``); off: always
+        direct.
     propagate_nan : bool
         Phase 4: float ``max`` / ``min`` in the generated kernels (ReLU, clip, max pooling,
         max reductions) return NaN when an operand is NaN, as torch does (``PropagateNaN``);
@@ -178,6 +183,7 @@ class Options:
     threads: int = 0
     cpu_parallel: str = "openmp"
     conv_layout: str = "auto"
+    conv_winograd: bool = True
     cuda_graph: str = "auto"
     cuda_graph_max_sizes: int = 32
     fold_constants: bool = True
@@ -225,6 +231,7 @@ class Options:
             "fold_constants",
             "merge_linears",
             "fusion_explain",
+            "conv_winograd",
             "propagate_nan",
         ):
             if not isinstance(getattr(self, name), bool):

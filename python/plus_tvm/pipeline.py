@@ -134,6 +134,7 @@ def dispatch_phase(
                 warehouse=warehouse,
                 cost=cost,
                 propagate_nan=nan,
+                conv_winograd=options.conv_winograd,
                 machine=_kernel_machine(target, options),
                 record_calls=record_calls,
             )

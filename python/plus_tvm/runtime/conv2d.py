@@ -5,12 +5,15 @@ Call: ``plus.conv2d(x, w, [bias], [gamma, beta, mean, var], [residual], config, 
 and left / right may differ), ``dilation=a,b``, ``groups=<int>``, ``bias=0|1``, ``bn=0|1``
 (with ``bn_eps``), ``residual=0|1``, ``act`` and ``post_act`` (``none|relu|relu6|gelu|
 gelu_tanh|silu|sigmoid|tanh``: before and after the residual add), ``layout=nchw|nhwc``,
-``nan=1|0``, ``prepack=1|0``.
+``nan=1|0``, ``prepack=1|0``, ``winograd=1|0``.
 
 ``layout`` is the layout of ``x``, ``residual`` and ``out``: ``nchw`` (``[N, C, H, W]``) or
 ``nhwc`` (``[N, H, W, C]``, channels last); the weight is always the model's OIHW tensor (its
 packed form is the library's business). ``nan=1`` (the default): a NaN reaching ReLU / ReLU6
-gives NaN, as in torch; ``nan=0`` lets the implementation return 0 there.
+gives NaN, as in torch; ``nan=0`` lets the implementation return 0 there. ``winograd=1`` (the
+default) lets an implementation compute a 3x3 stride-1 convolution as Winograd F(2x2, 3x3) where
+it is faster (the native kernel does, ``runtime/native/winograd.h``; this one never does);
+``winograd=0``: the direct algorithm.
 
 On CPU fp32 with ``layout=nhwc`` the native kernel (``runtime/native/onednn_conv2d.cc``) runs
 in front of this one: oneDNN with every epilogue as a post-op and the padding done by the
@@ -82,6 +85,7 @@ CONV2D_SPEC = ConfigSpec(
     layout=choice("nchw", "nhwc"),
     nan=flag(True),
     prepack=flag(True),
+    winograd=flag(True),
     bn=flag(),
     bn_eps=real(1e-5),
 )

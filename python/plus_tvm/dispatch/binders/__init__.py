@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .common import Ctx, LibraryCall
+from .common import CallSettings, Ctx, LibraryCall
 
 
 def _collect() -> dict:
@@ -23,4 +23,4 @@ def _collect() -> dict:
 
 BINDERS = _collect()
 
-__all__ = ["BINDERS", "Ctx", "LibraryCall"]
+__all__ = ["BINDERS", "CallSettings", "Ctx", "LibraryCall"]

@@ -60,6 +60,16 @@ class LibraryCall:
         return self.spec.format(self.config)
 
 
+@dataclass(frozen=True)
+class CallSettings:
+    """What the options ask of every library call a binder makes."""
+
+    # NaN must reach the output through activations (Options.propagate_nan)
+    propagate_nan: bool = True
+    # 3x3 convolutions may run as Winograd F(2x2, 3x3) (Options.conv_winograd)
+    conv_winograd: bool = True
+
+
 class Ctx:
     """Read access to the block of a match for binders."""
 
@@ -69,14 +79,17 @@ class Ctx:
         members: tuple[int, ...],
         weights: set[int],
         taken: set[int] = frozenset(),
-        propagate_nan: bool = True,
+        settings: CallSettings = CallSettings(),  # noqa: B008 - frozen
     ) -> None:
         self.g = graph
         self.members = set(members)
         self.weights = weights  # var ids of function parameters that are weights
         self.taken = taken  # bindings earlier library calls absorbed
-        # NaN must reach the output through activations (Options.propagate_nan)
-        self.propagate_nan = propagate_nan
+        self.settings = settings
+
+    @property
+    def propagate_nan(self) -> bool:
+        return self.settings.propagate_nan
 
     # --- bindings -------------------------------------------------------------------------
     def index(self, expr: relax.Expr) -> int | None:

@@ -52,6 +52,8 @@ def _bind(ctx: Ctx, i: int) -> LibraryCall | None:
     }
     if not ctx.propagate_nan:
         cfg["nan"] = False
+    if not ctx.settings.conv_winograd:
+        cfg["winograd"] = False
     epilogue = _Epilogue(ctx, i, c_out, axis)
     epilogue.walk()
     args: list[relax.Expr] = [x, w]

@@ -18,6 +18,7 @@
 
 #include "onednn_common.h"
 #include "nan_guard.h"
+#include "winograd.h"
 
 #include <cmath>
 
@@ -36,6 +37,7 @@ struct ConvConfig {
   float bn_eps = 1e-5f;
   bool nhwc = false;
   bool nan = true;  // NaN propagates through the activations (as in torch)
+  bool winograd = true;  // a 3x3 layer may run as Winograd F(2x2, 3x3) (winograd.h)
   std::string act = "none";
   std::string post_act = "none";
   bool native = false;  // every key understood and the combination supported here
@@ -56,6 +58,7 @@ ConvConfig ParseConvConfig(const std::string& text) {  // NOLINT: a parser, used
     if (key == "bn") return ParseFlag(value, &cfg.bn);
     if (key == "bn_eps") return ParseFloat(value, &cfg.bn_eps);
     if (key == "nan") return ParseFlag(value, &cfg.nan);
+    if (key == "winograd") return ParseFlag(value, &cfg.winograd);
     if (key == "layout") {
       cfg.nhwc = value == "nhwc";
       return value == "nhwc" || value == "nchw";
@@ -87,6 +90,7 @@ struct Plan {
   Variant exact;          // the activations as the config asks
   Variant fast;           // with oneDNN's own ReLU / clip, run under the NaN guard
   bool guarded = false;   // fast exists, takes the same packed weights and passed Verified
+  std::shared_ptr<Winograd> winograd;  // set: the layer runs as Winograd F(2x2, 3x3) instead
 };
 
 // What one call needs beyond its tensors: the primitive and the packed weights.
@@ -146,6 +150,17 @@ class Conv2d : public KernelBase {
     }
     if (bound.plan == nullptr) return Fallback(args, rv);
     const Plan& plan = *bound.plan;
+    if (plan.winograd != nullptr) {
+      const float* b = bound.packed->parts.size() > 1
+                           ? static_cast<const float*>(bound.packed->parts[1].get_data_handle())
+                           : (bias != nullptr ? DataOf(bias) : nullptr);
+      int64_t begin = NowNs();
+      plan.winograd->Run(DataOf(x), bound.packed->parts[0], b,
+                         residual != nullptr ? DataOf(residual) : nullptr, DataOf(y));
+      counters_.execute_ns += NowNs() - begin;
+      counters_.winograd += 1;
+      return Done(start);
+    }
     std::shared_ptr<void> owner = bound.plan;
     auto run = [&](const Variant& variant, int scratch_slot) {
       ExecArgs exec;
@@ -231,6 +246,17 @@ class Conv2d : public KernelBase {
         g > 1 ? memory::dims{g, oc / g, c / g, kh, kw} : memory::dims{oc, c, kh, kw};
     plan->user_weights = memory::desc(wdims, f32, g > 1 ? tag::goihw : tag::oihw);
     plan->bias = memory::desc({oc}, f32, tag::a);
+    Winograd::Act act, post_act;
+    const int64_t out_dims[4] = {n, oh, ow, oc};
+    if (cfg.winograd &&
+        Winograd::Suits(c, out_dims, kh, kw, cfg.stride, cfg.dilation, g, cfg.act,
+                        cfg.post_act) &&
+        Winograd::ActOf(cfg.act, &act) && Winograd::ActOf(cfg.post_act, &post_act)) {
+      plan->winograd = std::make_shared<Winograd>(n, h, wd, c, oc, cfg.padding, act, post_act);
+      plan->weights = plan->winograd->weights_desc();
+      plans_.emplace(key, plan);
+      return plan;
+    }
     memory::desc weights_any(wdims, f32, tag::any);
     memory::dims strides{cfg.stride[0], cfg.stride[1]};
     memory::dims dilates{cfg.dilation[0] - 1, cfg.dilation[1] - 1};
@@ -315,12 +341,16 @@ class Conv2d : public KernelBase {
       source = folded.data();
       entry->bytes += oc * sizeof(float);
     }
-    memory user(plan->user_weights, eng, const_cast<float*>(source));
-    memory packed(plan->weights, eng);
-    dnnl::stream& strm = Stream();
-    dnnl::reorder(user, packed).execute(strm, user, packed);
-    strm.wait();
-    entry->parts.push_back(packed);
+    if (plan->winograd != nullptr) {
+      entry->parts.push_back(plan->winograd->Pack(source));
+    } else {
+      memory user(plan->user_weights, eng, const_cast<float*>(source));
+      memory packed(plan->weights, eng);
+      dnnl::stream& strm = Stream();
+      dnnl::reorder(user, packed).execute(strm, user, packed);
+      strm.wait();
+      entry->parts.push_back(packed);
+    }
     if (cfg.bn) entry->parts.push_back(folded_bias);
     entry->bytes += plan->weights.get_size();
     InsertPacked(key.str(), entry);
