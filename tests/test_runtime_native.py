@@ -327,6 +327,7 @@ WINOGRAD_CASES = [
     (288, 256, (0, 0, 0, 0), (18, 16), 1, True, False, "none", False, "none"),  # valid
     (256, 256, (0, 1, 2, 1), (13, 14), 1, False, False, "none", False, "relu"),  # asymmetric
     (256, 256, (1, 1, 1, 1), (14, 14), 1, True, True, "relu", True, "relu"),  # ResNet's block
+    (128, 128, (1, 1, 1, 1), (47, 45), 1, True, False, "relu", True, "none"),  # per thread
 ]
 
 
@@ -380,8 +381,8 @@ def test_conv2d_native_winograd_only_where_it_wins():
     """Thin layers, layers of few tiles, strides, dilations, groups and activations Winograd's
     epilogue does not compute stay on oneDNN's direct convolution."""
     direct = [
-        (128, 256, 1, 1, 1, "relu", 16),  # too few input channels
-        (256, 128, 1, 1, 1, "relu", 16),  # too few output channels
+        (64, 256, 1, 1, 1, "relu", 16),  # too few input channels
+        (256, 96, 1, 1, 1, "relu", 16),  # too few output channels
         (256, 256, 1, 1, 1, "relu", 7),  # too few tiles (16)
         (256, 256, 2, 1, 1, "relu", 16),  # strided
         (256, 256, 1, 2, 1, "relu", 16),  # dilated

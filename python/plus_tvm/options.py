@@ -145,8 +145,8 @@ class Options:
         Run ``FoldStaticSubgraphs`` in phase 1 (input-independent chains computed at compile
         time) and ``FoldConstant`` after legalization (TVM's default does the latter).
     conv_winograd : bool
-        The native convolution computes a 3x3 stride-1 layer of 256 or more input and output
-        channels and 40 or more 2x2 output tiles as Winograd F(2x2, 3x3) (1.17-1.54x oneDNN's
+        The native convolution computes a 3x3 stride-1 layer of 128 or more input and output
+        channels and 40 or more 2x2 output tiles as Winograd F(2x2, 3x3) (1.10-1.64x oneDNN's
         direct convolution on such layers here; ``runtime/native/winograd.h``); off: always
         direct.
     propagate_nan : bool

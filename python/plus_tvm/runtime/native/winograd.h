@@ -17,26 +17,28 @@
 // weights and bias; act; residual add; post_act) for the activations this file computes
 // itself: none, ReLU and ReLU6, NaN kept as in torch, +-inf mapped as torch maps them.
 //
-// Where it runs (Suits) is decided by measurement: this project's 2-core Zen 4 machine, one
-// process alternating oneDNN's direct convolution and this one on the same layer (NHWC, bias,
-// ReLU, median of 15 rounds, caches shared with the other layer as in a model):
+// Where it runs (Suits) and how it is chunked are decided by measurement: this project's 2-core
+// Zen 4 machine, one process alternating oneDNN's direct convolution and this one on the same
+// layer (NHWC, bias, ReLU, median of 15 rounds, caches shared with the other layer as in a
+// model; 2026-11-27):
 //
 //   layer (C->O @ HxW)   direct ms   Winograd ms
-//   64->64 @224           16.3        32.9      0.49x
-//   128->128 @112         16.2        19.0      0.85x
-//   128->128 @56           4.03        4.78     0.84x
-//   128->128 @28           0.99        1.06     0.93x
-//   256->256 @56          15.9        12.7      1.25x
-//   256->256 @28           3.92        3.13     1.25x
-//   256->256 @14           0.93        0.80     1.17x
-//   512->512 @28          15.7        10.2      1.54x
-//   512->512 @14           3.76        2.52     1.49x
-//   512->512 @7            0.86        0.94     0.91x
+//   128->128 @112         16.0        13.9      1.16x   (chunks per thread)
+//   128->128 @56           3.96        3.61     1.10x   (chunks per thread)
+//   128->128 @28           0.97        0.79     1.22x
+//   256->256 @56          15.8        11.1      1.43x   (chunks per thread)
+//   256->256 @28           3.88        2.66     1.46x
+//   256->256 @14           0.92        0.60     1.54x
+//   512->512 @28          15.5         9.54     1.63x
+//   512->512 @14           3.73        2.28     1.64x
 //
-// Thin layers lose (the transforms cost in proportion to C + O, the GEMMs to C x O, and
-// oneDNN's GEMMs are slow at K, N = 64); so do layers of few tiles (the transformed weights,
-// 16/9 the size of the direct ones, are read for little work). Max abs error 3e-6 of outputs up
-// to 0.9.
+// and where it does not run: 64 channels lose at every size tried (64->64 @56 0.51-0.72x, @224
+// 0.49-0.76x: the transforms cost in proportion to C + O, the GEMMs to C x O, and oneDNN's GEMMs
+// are slow at K, N = 64), and so do layers of few tiles (512->512 @7, 16 tiles: 0.91x; the
+// transformed weights, 16/9 the size of the direct ones, are read for little work). Chunks per
+// thread instead of the team's (below) took 128->128 @112 from 0.85x to 1.16x and 256->256 @56
+// from 1.25x to 1.43x, and lost on the small layers (256->256 @14 1.41x against 1.54x). Max abs
+// error 3e-6 of outputs up to 0.9.
 #ifndef PLUS_TVM_NATIVE_WINOGRAD_H_
 #define PLUS_TVM_NATIVE_WINOGRAD_H_
 
@@ -55,9 +57,16 @@ namespace plus_native {
 class Winograd {
  public:
   enum class Act { kNone, kRelu, kRelu6 };
-  static constexpr int64_t kMinChannels = 256;  // input and output channels (table above)
-  static constexpr int64_t kMinTiles = 40;      // 2x2 output tiles, all images together
+  static constexpr int64_t kMinChannels = 128;  // input and output channels (table above)
+  static constexpr int64_t kMinTiles = 40;       // 2x2 output tiles, all images together
+  // Chunks: with V and M of the whole layer within kTeamBytes, or more than kThreadMaxChannels
+  // channels in and out together, chunks of about kChunkBytes each (V or M) run one after the
+  // other, each step on the whole OpenMP team; otherwise each thread takes whole chunks of
+  // about kThreadBytes (V and M together, in its L2) and runs them alone.
   static constexpr size_t kChunkBytes = size_t(4) << 20;
+  static constexpr size_t kTeamBytes = size_t(8) << 20;
+  static constexpr int64_t kThreadMaxChannels = 512;
+  static constexpr size_t kThreadBytes = size_t(512) << 10;
 
   // The activation ``name`` as this file computes it; false for one it does not.
   static bool ActOf(const std::string& name, Act* act) {
@@ -92,7 +101,12 @@ class Winograd {
     th_ = (oh_ + 1) / 2;
     tw_ = (ow_ + 1) / 2;
     tiles_ = n * th_ * tw_;
-    int64_t most = std::max<int64_t>(16, kChunkBytes / (16 * std::max(c, o) * sizeof(float)));
+    size_t whole = size_t(16) * tiles_ * (c + o) * sizeof(float);  // V and M of every tile
+    per_thread_ = c + o <= kThreadMaxChannels && whole > kTeamBytes;
+    int64_t most =
+        per_thread_
+            ? std::clamp<int64_t>(kThreadBytes / (16 * (c + o) * sizeof(float)), 8, 256)
+            : std::max<int64_t>(16, kChunkBytes / (16 * std::max(c, o) * sizeof(float)));
     int64_t chunks = (tiles_ + most - 1) / most;
     chunk_ = (tiles_ + chunks - 1) / chunks;
     auto f32 = memory::data_type::f32;
@@ -144,11 +158,50 @@ class Winograd {
   // y = post_act(act(conv(x, g) + bias) + residual); ``bias`` and ``residual`` may be null.
   void Run(const float* x, const memory& u, const float* bias, const float* residual,
            float* y) const {
-    thread_local std::vector<float> v, m;
+    int64_t chunks = (tiles_ + chunk_ - 1) / chunk_;
+    if (!per_thread_) {
+      for (int64_t k = 0; k < chunks; ++k) {
+        RunChunk(x, u, k, bias, residual, y, true);
+      }
+      return;
+    }
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic) reduction(| : failed)
+    for (int64_t k = 0; k < chunks; ++k) {
+      try {  // nothing may leave an OpenMP region
+        failed |= RunChunk(x, u, k, bias, residual, y, false) ? 0 : 1;
+      } catch (const dnnl::error&) {
+        failed = 1;
+      }
+    }
+    if (failed) throw dnnl::error(dnnl_runtime_error, "oneDNN could not run the Winograd matmul");
+  }
+
+ private:
+  // Chunk ``k``: transform its tiles, multiply, transform back. ``team``: each step spreads
+  // over the OpenMP team; otherwise all on this thread (the matmul then runs on it alone).
+  // False when oneDNN failed.
+  bool RunChunk(const float* x, const memory& u, int64_t k, const float* bias,
+                const float* residual, float* y, bool team) const {
+    thread_local std::vector<float> v, m, zero, spill;
     size_t v_size = size_t(16) * chunk_ * c_, m_size = size_t(16) * chunk_ * o_;
     if (v.size() < v_size) v.resize(v_size);
     if (m.size() < m_size) m.resize(m_size);
-    memory vm(v_desc_, Engine(), v.data()), mm(m_desc_, Engine(), m.data());
+    if (zero.size() < static_cast<size_t>(c_)) zero.assign(c_, 0.f);
+    if (spill.size() < static_cast<size_t>(o_)) spill.resize(o_);
+    int64_t t0 = k * chunk_, count = std::min(chunk_, tiles_ - t0);
+    float* vd = v.data();
+    const float* zd = zero.data();
+    if (team) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) InputTile(x, t0 + i, zd, vd + i * 16 * c_);
+    } else {
+      for (int64_t i = 0; i < count; ++i) InputTile(x, t0 + i, zd, vd + i * 16 * c_);
+    }
+    if (count < chunk_) {  // the rows past the last tile: zeros, never read back
+      std::memset(vd + count * 16 * c_, 0, (chunk_ - count) * 16 * c_ * sizeof(float));
+    }
+    memory vm(v_desc_, Engine(), vd), mm(m_desc_, Engine(), m.data());
     ExecArgs exec;
     exec.Add(DNNL_ARG_SRC, vm);
     exec.Add(DNNL_ARG_WEIGHTS, u);
@@ -159,46 +212,46 @@ class Winograd {
       exec.Add(DNNL_ARG_SCRATCHPAD, scratch);
     }
     dnnl::stream& strm = Stream();
-    for (int64_t t0 = 0; t0 < tiles_; t0 += chunk_) {
-      int64_t count = std::min(chunk_, tiles_ - t0);
-      InputTransform(x, t0, count, v.data());
-      if (count < chunk_) {  // the rows past the last tile: zeros, never read back
-        std::memset(v.data() + count * 16 * c_, 0, (chunk_ - count) * 16 * c_ * sizeof(float));
-      }
-      dnnl::error::wrap_c_api(
-          dnnl_primitive_execute(matmul_.get(), strm.get(), exec.n, exec.args),
-          "oneDNN could not run the Winograd matmul");
-      strm.wait();
-      OutputTransform(m.data(), t0, count, bias, residual, y);
+    if (dnnl_primitive_execute(matmul_.get(), strm.get(), exec.n, exec.args) != dnnl_success) {
+      if (team) throw dnnl::error(dnnl_runtime_error, "oneDNN could not run the Winograd matmul");
+      return false;
     }
+    strm.wait();
+    const float* md = m.data();
+    if (team) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) {
+        thread_local std::vector<float> own;
+        if (own.size() < static_cast<size_t>(o_)) own.resize(o_);
+        OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y, own.data());
+      }
+    } else {
+      for (int64_t i = 0; i < count; ++i) {
+        OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y, spill.data());
+      }
+    }
+    return true;
   }
 
- private:
   static float Apply(Act act, float v) {
     if (act == Act::kNone || v != v) return v;  // NaN stays NaN
     v = v > 0.f ? v : 0.f;
     return act == Act::kRelu6 && v > 6.f ? 6.f : v;
   }
 
-  // V[t][xi][c] = (B^T d B)[xi] for the 4x4 input tile d of each tile t0 .. t0 + count.
-  void InputTransform(const float* x, int64_t t0, int64_t count, float* v) const {
-    const int64_t c = c_;
-    std::vector<float> zeros(c, 0.f);
-    const float* zero = zeros.data();
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < count; ++k) {
-      int64_t t = t0 + k;
-      int64_t img = t / (th_ * tw_), ty = t / tw_ % th_, tx = t % tw_;
-      const float* d[4][4];
-      for (int i = 0; i < 4; ++i) {
-        for (int j = 0; j < 4; ++j) {
-          int64_t r = 2 * ty - pad_t_ + i, q = 2 * tx - pad_l_ + j;
-          bool inside = r >= 0 && r < h_ && q >= 0 && q < w_;
-          d[i][j] = inside ? x + ((img * h_ + r) * w_ + q) * c : zero;
-        }
+  // v[xi][c] = (B^T d B)[xi] for the 4x4 input tile d of tile t (``zero``: c zeros, the
+  // padding).
+  void InputTile(const float* x, int64_t t, const float* zero, float* v) const {
+    int64_t img = t / (th_ * tw_), ty = t / tw_ % th_, tx = t % tw_;
+    const float* d[4][4];
+    for (int i = 0; i < 4; ++i) {
+      for (int j = 0; j < 4; ++j) {
+        int64_t r = 2 * ty - pad_t_ + i, q = 2 * tx - pad_l_ + j;
+        bool inside = r >= 0 && r < h_ && q >= 0 && q < w_;
+        d[i][j] = inside ? x + ((img * h_ + r) * w_ + q) * c_ : zero;
       }
-      TransformTile(d, c, v + k * 16 * c);
     }
+    TransformTile(d, c_, v);
   }
 
   __attribute__((target_clones("avx512f", "avx2", "default"))) static void TransformTile(
@@ -220,27 +273,21 @@ class Winograd {
     }
   }
 
-  // y = epilogue(A^T M A) for each tile t0 .. t0 + count (the parts of edge tiles past the
-  // output go to a scratch row).
-  void OutputTransform(const float* m, int64_t t0, int64_t count, const float* bias,
-                       const float* residual, float* y) const {
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < count; ++k) {
-      thread_local std::vector<float> spill;
-      if (spill.size() < static_cast<size_t>(o_)) spill.resize(o_);
-      int64_t t = t0 + k;
-      int64_t img = t / (th_ * tw_), ty = t / tw_ % th_, tx = t % tw_;
-      float* out[4];
-      const float* res[4];
-      for (int p = 0; p < 4; ++p) {
-        int64_t r = 2 * ty + p / 2, q = 2 * tx + p % 2;
-        int64_t at = ((img * oh_ + r) * ow_ + q) * o_;
-        bool inside = r < oh_ && q < ow_;
-        out[p] = inside ? y + at : spill.data();
-        res[p] = residual == nullptr ? nullptr : inside ? residual + at : residual;
-      }
-      OutputTile(m + k * 16 * o_, o_, bias, res, act_, post_act_, out);
+  // y = epilogue(A^T M A) for tile t from its products ``m`` (the parts of an edge tile past
+  // the output go to ``spill``, o floats).
+  void OutputTileAt(const float* m, int64_t t, const float* bias, const float* residual,
+                    float* y, float* spill) const {
+    int64_t img = t / (th_ * tw_), ty = t / tw_ % th_, tx = t % tw_;
+    float* out[4];
+    const float* res[4];
+    for (int p = 0; p < 4; ++p) {
+      int64_t r = 2 * ty + p / 2, q = 2 * tx + p % 2;
+      int64_t at = ((img * oh_ + r) * ow_ + q) * o_;
+      bool inside = r < oh_ && q < ow_;
+      out[p] = inside ? y + at : spill;
+      res[p] = residual == nullptr ? nullptr : inside ? residual + at : residual;
     }
+    OutputTile(m, o_, bias, res, act_, post_act_, out);
   }
 
   // One tile's 2x2 outputs, channel by channel: A^T M A written out (no multiplication by
@@ -277,6 +324,7 @@ class Winograd {
 
   int64_t n_, h_, w_, c_, o_, oh_, ow_, th_, tw_, tiles_, chunk_;
   int64_t pad_t_ = 0, pad_l_ = 0;
+  bool per_thread_ = false;  // each thread runs whole chunks (thin layers), else the team
   Act act_, post_act_;
   memory::desc v_desc_, m_desc_, u_plain_, u_desc_, scratchpad_;
   dnnl::matmul matmul_;
