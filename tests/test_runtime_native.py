@@ -377,6 +377,38 @@ def test_conv2d_native_winograd(
     close(got, want)
 
 
+@pytest.mark.parametrize("image", [14, 47])  # chunks on the team / per thread
+def test_conv2d_native_winograd_from_several_threads(image):
+    """One Winograd plan called from four threads at once (each its own transform buffers)."""
+    torch.manual_seed(image)
+    c = 256 if image == 14 else 128
+    w = torch.randn(c, c, 3, 3) * 0.05
+    exe = conv_exe(
+        [(1, image, image, c), (c, c, 3, 3)], "layout=nhwc;padding=1;act=relu", (1, image, image, c)
+    )
+    wt = tvm.runtime.tensor(w.numpy())
+    xs = [torch.randn(1, c, image, image) for _ in range(4)]
+    wants = [F.relu(F.conv2d(x, w, padding=1)) for x in xs]
+    errors = []
+
+    def work(i: int) -> None:
+        fn = relax.VirtualMachine(exe, tvm.cpu())["main"]
+        xt = tvm.runtime.tensor(xs[i].permute(0, 2, 3, 1).contiguous().numpy())
+        for _ in range(8):
+            got = torch.from_numpy(fn(xt, wt).numpy()).permute(0, 3, 1, 2)
+            if not torch.allclose(got, wants[i], rtol=1e-4, atol=1e-4):
+                errors.append(i)
+
+    before = conv_stats()["winograd"]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert conv_stats()["winograd"] == before + 32
+
+
 def test_conv2d_native_winograd_only_where_it_wins():
     """Thin layers, layers of few tiles, strides, dilations, groups and activations Winograd's
     epilogue does not compute stay on oneDNN's direct convolution."""

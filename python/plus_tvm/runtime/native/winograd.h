@@ -101,6 +101,7 @@ class Winograd {
     th_ = (oh_ + 1) / 2;
     tw_ = (ow_ + 1) / 2;
     tiles_ = n * th_ * tw_;
+    no_bias_.assign(o, 0.f);
     size_t whole = size_t(16) * tiles_ * (c + o) * sizeof(float);  // V and M of every tile
     per_thread_ = c + o <= kThreadMaxChannels && whole > kTeamBytes;
     int64_t most =
@@ -158,6 +159,7 @@ class Winograd {
   // y = post_act(act(conv(x, g) + bias) + residual); ``bias`` and ``residual`` may be null.
   void Run(const float* x, const memory& u, const float* bias, const float* residual,
            float* y) const {
+    if (bias == nullptr) bias = no_bias_.data();
     int64_t chunks = (tiles_ + chunk_ - 1) / chunk_;
     if (!per_thread_) {
       for (int64_t k = 0; k < chunks; ++k) {
@@ -256,20 +258,57 @@ class Winograd {
 
   __attribute__((target_clones("avx512f", "avx2", "default"))) static void TransformTile(
       const float* const (*d)[4], int64_t c, float* out) {
+    // one restrict pointer per row read and per matrix written: the loop then vectorizes
+    // (the rows of the padding are the same zeros, only read)
+    const float* __restrict__ d00 = d[0][0];
+    const float* __restrict__ d01 = d[0][1];
+    const float* __restrict__ d02 = d[0][2];
+    const float* __restrict__ d03 = d[0][3];
+    const float* __restrict__ d10 = d[1][0];
+    const float* __restrict__ d11 = d[1][1];
+    const float* __restrict__ d12 = d[1][2];
+    const float* __restrict__ d13 = d[1][3];
+    const float* __restrict__ d20 = d[2][0];
+    const float* __restrict__ d21 = d[2][1];
+    const float* __restrict__ d22 = d[2][2];
+    const float* __restrict__ d23 = d[2][3];
+    const float* __restrict__ d30 = d[3][0];
+    const float* __restrict__ d31 = d[3][1];
+    const float* __restrict__ d32 = d[3][2];
+    const float* __restrict__ d33 = d[3][3];
+    float* __restrict__ o[16];
+    for (int k = 0; k < 16; ++k) o[k] = out + k * c;
+    float* __restrict__ o0 = o[0];
+    float* __restrict__ o1 = o[1];
+    float* __restrict__ o2 = o[2];
+    float* __restrict__ o3 = o[3];
+    float* __restrict__ o4 = o[4];
+    float* __restrict__ o5 = o[5];
+    float* __restrict__ o6 = o[6];
+    float* __restrict__ o7 = o[7];
+    float* __restrict__ o8 = o[8];
+    float* __restrict__ o9 = o[9];
+    float* __restrict__ o10 = o[10];
+    float* __restrict__ o11 = o[11];
+    float* __restrict__ o12 = o[12];
+    float* __restrict__ o13 = o[13];
+    float* __restrict__ o14 = o[14];
+    float* __restrict__ o15 = o[15];
     for (int64_t ch = 0; ch < c; ++ch) {
-      float e[4][4];
-      for (int j = 0; j < 4; ++j) {  // B^T d
-        e[0][j] = d[0][j][ch] - d[2][j][ch];
-        e[1][j] = d[1][j][ch] + d[2][j][ch];
-        e[2][j] = d[2][j][ch] - d[1][j][ch];
-        e[3][j] = d[1][j][ch] - d[3][j][ch];
-      }
-      for (int i = 0; i < 4; ++i) {  // (B^T d) B
-        out[(i * 4 + 0) * c + ch] = e[i][0] - e[i][2];
-        out[(i * 4 + 1) * c + ch] = e[i][1] + e[i][2];
-        out[(i * 4 + 2) * c + ch] = e[i][2] - e[i][1];
-        out[(i * 4 + 3) * c + ch] = e[i][1] - e[i][3];
-      }
+      // B^T d: rows 0 - 2, 1 + 2, 2 - 1, 1 - 3, for each of the 4 columns
+      float e00 = d00[ch] - d20[ch], e01 = d01[ch] - d21[ch], e02 = d02[ch] - d22[ch],
+            e03 = d03[ch] - d23[ch];
+      float e10 = d10[ch] + d20[ch], e11 = d11[ch] + d21[ch], e12 = d12[ch] + d22[ch],
+            e13 = d13[ch] + d23[ch];
+      float e20 = d20[ch] - d10[ch], e21 = d21[ch] - d11[ch], e22 = d22[ch] - d12[ch],
+            e23 = d23[ch] - d13[ch];
+      float e30 = d10[ch] - d30[ch], e31 = d11[ch] - d31[ch], e32 = d12[ch] - d32[ch],
+            e33 = d13[ch] - d33[ch];
+      // (B^T d) B: columns 0 - 2, 1 + 2, 2 - 1, 1 - 3 of each row
+      o0[ch] = e00 - e02, o1[ch] = e01 + e02, o2[ch] = e02 - e01, o3[ch] = e01 - e03;
+      o4[ch] = e10 - e12, o5[ch] = e11 + e12, o6[ch] = e12 - e11, o7[ch] = e11 - e13;
+      o8[ch] = e20 - e22, o9[ch] = e21 + e22, o10[ch] = e22 - e21, o11[ch] = e21 - e23;
+      o12[ch] = e30 - e32, o13[ch] = e31 + e32, o14[ch] = e32 - e31, o15[ch] = e31 - e33;
     }
   }
 
@@ -325,6 +364,7 @@ class Winograd {
   int64_t n_, h_, w_, c_, o_, oh_, ow_, th_, tw_, tiles_, chunk_;
   int64_t pad_t_ = 0, pad_l_ = 0;
   bool per_thread_ = false;  // each thread runs whole chunks (thin layers), else the team
+  std::vector<float> no_bias_;  // o zeros, the bias of a call without one
   Act act_, post_act_;
   memory::desc v_desc_, m_desc_, u_plain_, u_desc_, scratchpad_;
   dnnl::matmul matmul_;
