@@ -290,31 +290,12 @@ def test_conv2d_native_nan_guard_from_several_threads():
     exe = conv_exe(
         [(1, 20, 20, 16), (32, 16, 1, 1)], "layout=nhwc;act=relu6;nan=1", (1, 20, 20, 32)
     )
-    wt = tvm.runtime.tensor(w.numpy())
     xs = [torch.randn(1, 16, 20, 20) for _ in range(4)]
     for i in (1, 3):
         xs[i][0, i, 6 * i, 19 - i] = float("nan")
     wants = [F.conv2d(x, w).clamp(0, 6) for x in xs]
-    errors = []
-
-    def work(i: int) -> None:
-        fn = relax.VirtualMachine(exe, tvm.cpu())["main"]
-        xt = tvm.runtime.tensor(xs[i].permute(0, 2, 3, 1).contiguous().numpy())
-        native.take_invalid_flags()
-        for _ in range(25):
-            got = torch.from_numpy(fn(xt, wt).numpy()).permute(0, 3, 1, 2)
-            if not torch.equal(torch.isnan(got), torch.isnan(wants[i])):
-                errors.append(("nan", i))
-            elif not torch.allclose(got, wants[i], rtol=1e-4, atol=1e-4, equal_nan=True):
-                errors.append(("value", i))
-
     guarded, reruns = guard_counts()
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not conv_in_threads(exe, tvm.runtime.tensor(w.numpy()), xs, wants, 25, differs)
     if GUARDED:
         assert guard_counts()[0] - guarded == 100
         assert guard_counts()[1] - reruns == 50  # the two NaN threads, every call; no other
@@ -386,26 +367,10 @@ def test_conv2d_native_winograd_from_several_threads(image):
     exe = conv_exe(
         [(1, image, image, c), (c, c, 3, 3)], "layout=nhwc;padding=1;act=relu", (1, image, image, c)
     )
-    wt = tvm.runtime.tensor(w.numpy())
     xs = [torch.randn(1, c, image, image) for _ in range(4)]
     wants = [F.relu(F.conv2d(x, w, padding=1)) for x in xs]
-    errors = []
-
-    def work(i: int) -> None:
-        fn = relax.VirtualMachine(exe, tvm.cpu())["main"]
-        xt = tvm.runtime.tensor(xs[i].permute(0, 2, 3, 1).contiguous().numpy())
-        for _ in range(8):
-            got = torch.from_numpy(fn(xt, wt).numpy()).permute(0, 3, 1, 2)
-            if not torch.allclose(got, wants[i], rtol=1e-4, atol=1e-4):
-                errors.append(i)
-
     before = conv_stats()["winograd"]
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not conv_in_threads(exe, tvm.runtime.tensor(w.numpy()), xs, wants, 8, differs)
     assert conv_stats()["winograd"] == before + 32
 
 
@@ -467,31 +432,45 @@ def test_conv2d_native_forget_repacks_a_weight_changed_in_place():
     close(got, F.conv2d(x, w2, padding=1))
 
 
+def conv_in_threads(exe, wt, xs, wants, calls: int, problem) -> list:  # noqa: ANN001
+    """Run ``exe`` on ``xs[i]`` (NCHW) with weight ``wt`` in thread i, ``calls`` times each (one
+    VM per thread: a VM holds per-call state); returns ``(i, what)`` for every result
+    ``problem(got, want)`` names."""
+    errors = []
+
+    def work(i: int) -> None:
+        fn = relax.VirtualMachine(exe, tvm.cpu())["main"]
+        xt = tvm.runtime.tensor(xs[i].permute(0, 2, 3, 1).contiguous().numpy())
+        native.take_invalid_flags()  # this thread's: see run_native
+        for _ in range(calls):
+            got = torch.from_numpy(fn(xt, wt).numpy()).permute(0, 3, 1, 2)
+            what = problem(got, wants[i])
+            if what:
+                errors.append((i, what))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def differs(got: torch.Tensor, want: torch.Tensor) -> str:
+    if not torch.equal(torch.isnan(got), torch.isnan(want)):
+        return "nan"
+    return "" if torch.allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True) else "value"
+
+
 def test_conv2d_native_from_several_threads():
     torch.manual_seed(3)
     w = torch.randn(16, 8, 3, 3)
     exe = conv_exe(
         [(1, 12, 12, 8), (16, 8, 3, 3)], "layout=nhwc;padding=1;act=relu", (1, 12, 12, 16)
     )
-    wt = tvm.runtime.tensor(w.numpy())
     xs = [torch.randn(1, 8, 12, 12) for _ in range(4)]
     wants = [F.relu(F.conv2d(x, w, padding=1)) for x in xs]
-    errors = []
-
-    def work(i: int) -> None:  # one VM per thread (a VM holds per-call state), one kernel
-        fn = relax.VirtualMachine(exe, tvm.cpu())["main"]
-        xt = tvm.runtime.tensor(xs[i].permute(0, 2, 3, 1).contiguous().numpy())
-        for _ in range(20):
-            got = torch.from_numpy(fn(xt, wt).numpy()).permute(0, 3, 1, 2)
-            if not torch.allclose(got, wants[i], rtol=1e-4, atol=1e-4):
-                errors.append(i)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not conv_in_threads(exe, tvm.runtime.tensor(w.numpy()), xs, wants, 20, differs)
 
 
 def test_status_names_why_native_kernels_are_unavailable(tmp_path):
