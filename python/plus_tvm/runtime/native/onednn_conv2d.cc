@@ -155,11 +155,16 @@ class Conv2d : public KernelBase {
                            ? static_cast<const float*>(bound.packed->parts[1].get_data_handle())
                            : (bias != nullptr ? DataOf(bias) : nullptr);
       int64_t begin = NowNs();
-      plan.winograd->Run(DataOf(x), bound.packed->parts[0], b,
-                         residual != nullptr ? DataOf(residual) : nullptr, DataOf(y));
+      bool finite = plan.winograd->Run(DataOf(x), bound.packed->parts[0], b,
+                                       residual != nullptr ? DataOf(residual) : nullptr,
+                                       DataOf(y));
       counters_.execute_ns += NowNs() - begin;
       counters_.winograd += 1;
-      return Done(start);
+      Done(start);
+      // an infinity or a NaN met on the way: the Python kernel (torch's direct convolution)
+      // computes the call again, torch's result whatever the values
+      if (!finite) return Fallback(args, rv);
+      return;
     }
     std::shared_ptr<void> owner = bound.plan;
     auto run = [&](const Variant& variant, int scratch_slot) {

@@ -15,7 +15,10 @@
 //
 // The output transform also applies the epilogue (bias, with a BatchNorm already folded into
 // weights and bias; act; residual add; post_act) for the activations this file computes
-// itself: none, ReLU and ReLU6, NaN kept as in torch, +-inf mapped as torch maps them.
+// itself: none, ReLU and ReLU6, NaN kept as in torch. It also checks every convolution value:
+// an infinity or a NaN met on the way makes Run return false (the transforms subtract
+// infinities, so the result can differ from the direct convolution's), and the kernel then
+// has the call computed another way.
 //
 // Where it runs (Suits) and how it is chunked are decided by measurement: this project's 2-core
 // Zen 4 machine, one process alternating oneDNN's direct convolution and this one on the same
@@ -157,33 +160,39 @@ class Winograd {
   }
 
   // y = post_act(act(conv(x, g) + bias) + residual); ``bias`` and ``residual`` may be null.
-  void Run(const float* x, const memory& u, const float* bias, const float* residual,
+  // False when a convolution value (before the activation) came out infinite or NaN: then y is
+  // not the direct convolution's result (the transforms subtract infinities, and an
+  // activation can map what they made to a number) and the caller must compute it another way.
+  bool Run(const float* x, const memory& u, const float* bias, const float* residual,
            float* y) const {
     if (bias == nullptr) bias = no_bias_.data();
     int64_t chunks = (tiles_ + chunk_ - 1) / chunk_;
+    int status = 0;  // kNonFinite / kFailed bits
     if (!per_thread_) {
+      for (int64_t k = 0; k < chunks; ++k) status |= RunChunk(x, u, k, bias, residual, y, true);
+    } else {
+#pragma omp parallel for schedule(dynamic) reduction(| : status)
       for (int64_t k = 0; k < chunks; ++k) {
-        RunChunk(x, u, k, bias, residual, y, true);
-      }
-      return;
-    }
-    int failed = 0;
-#pragma omp parallel for schedule(dynamic) reduction(| : failed)
-    for (int64_t k = 0; k < chunks; ++k) {
-      try {  // nothing may leave an OpenMP region
-        failed |= RunChunk(x, u, k, bias, residual, y, false) ? 0 : 1;
-      } catch (const dnnl::error&) {
-        failed = 1;
+        try {  // nothing may leave an OpenMP region
+          status |= RunChunk(x, u, k, bias, residual, y, false);
+        } catch (const dnnl::error&) {
+          status |= kFailed;
+        }
       }
     }
-    if (failed) throw dnnl::error(dnnl_runtime_error, "oneDNN could not run the Winograd matmul");
+    if (status & kFailed) {
+      throw dnnl::error(dnnl_runtime_error, "oneDNN could not run the Winograd matmul");
+    }
+    return (status & kNonFinite) == 0;
   }
 
  private:
+  static constexpr int kNonFinite = 1, kFailed = 2;
+
   // Chunk ``k``: transform its tiles, multiply, transform back. ``team``: each step spreads
   // over the OpenMP team; otherwise all on this thread (the matmul then runs on it alone).
-  // False when oneDNN failed.
-  bool RunChunk(const float* x, const memory& u, int64_t k, const float* bias,
+  // kNonFinite and kFailed bits.
+  int RunChunk(const float* x, const memory& u, int64_t k, const float* bias,
                 const float* residual, float* y, bool team) const {
     thread_local std::vector<float> v, m, zero, spill;
     size_t v_size = size_t(16) * chunk_ * c_, m_size = size_t(16) * chunk_ * o_;
@@ -215,24 +224,24 @@ class Winograd {
     }
     dnnl::stream& strm = Stream();
     if (dnnl_primitive_execute(matmul_.get(), strm.get(), exec.n, exec.args) != dnnl_success) {
-      if (team) throw dnnl::error(dnnl_runtime_error, "oneDNN could not run the Winograd matmul");
-      return false;
+      return kFailed;
     }
     strm.wait();
     const float* md = m.data();
+    int finite = 1;
     if (team) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) reduction(& : finite)
       for (int64_t i = 0; i < count; ++i) {
         thread_local std::vector<float> own;
         if (own.size() < static_cast<size_t>(o_)) own.resize(o_);
-        OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y, own.data());
+        finite &= OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y, own.data());
       }
     } else {
       for (int64_t i = 0; i < count; ++i) {
-        OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y, spill.data());
+        finite &= OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y, spill.data());
       }
     }
-    return true;
+    return finite ? 0 : kNonFinite;
   }
 
   static float Apply(Act act, float v) {
@@ -313,8 +322,8 @@ class Winograd {
   }
 
   // y = epilogue(A^T M A) for tile t from its products ``m`` (the parts of an edge tile past
-  // the output go to ``spill``, o floats).
-  void OutputTileAt(const float* m, int64_t t, const float* bias, const float* residual,
+  // the output go to ``spill``, o floats). False when a convolution value was not finite.
+  bool OutputTileAt(const float* m, int64_t t, const float* bias, const float* residual,
                     float* y, float* spill) const {
     int64_t img = t / (th_ * tw_), ty = t / tw_ % th_, tx = t % tw_;
     float* out[4];
@@ -326,15 +335,17 @@ class Winograd {
       out[p] = inside ? y + at : spill;
       res[p] = residual == nullptr ? nullptr : inside ? residual + at : residual;
     }
-    OutputTile(m, o_, bias, res, act_, post_act_, out);
+    return OutputTile(m, o_, bias, res, act_, post_act_, out);
   }
 
   // One tile's 2x2 outputs, channel by channel: A^T M A written out (no multiplication by
   // A's zeros, so an output depends only on the inputs of its own 3x3 window: a NaN spreads
-  // exactly as in the direct convolution), then the epilogue.
-  __attribute__((target_clones("avx512f", "avx2", "default"))) static void OutputTile(
+  // exactly as in the direct convolution), then the epilogue. False when a convolution value
+  // (with the bias, before the activation) was infinite or NaN.
+  __attribute__((target_clones("avx512f", "avx2", "default"))) static bool OutputTile(
       const float* m, int64_t o, const float* bias, const float* const* res, Act act,
       Act post_act, float* const* out) {
+    float probe = 0.f;  // x * 0 is 0 for every number, NaN for an infinity or a NaN
     for (int64_t ch = 0; ch < o; ++ch) {
       float s[2][4];
       for (int b = 0; b < 4; ++b) {
@@ -349,6 +360,7 @@ class Winograd {
           y0 += add;
           y1 += add;
         }
+        probe += (y0 + y1) * 0.f;
         y0 = Apply(act, y0);
         y1 = Apply(act, y1);
         if (res[0] != nullptr) {
@@ -359,6 +371,7 @@ class Winograd {
         out[2 * i + 1][ch] = Apply(post_act, y1);
       }
     }
+    return probe == probe;
   }
 
   int64_t n_, h_, w_, c_, o_, oh_, ow_, th_, tw_, tiles_, chunk_;
