@@ -10,8 +10,9 @@
 // of the 4x4 transformed tile (run as one batched oneDNN matmul on weights transformed and
 // packed once), between an input transform and an output transform that both stream the
 // activations once. Channels last (NHWC) keeps every transform a loop over contiguous channels.
-// The tiles are processed in chunks sized so that the transformed input and the products stay
-// in the last-level cache (each about kChunkBytes).
+// The tiles are processed in chunks: on small layers each chunk's steps spread over the OpenMP
+// team (transformed input and products in the last-level cache); on large thin ones each thread
+// runs whole chunks alone, its transformed input and products in its L2 (see the constants).
 //
 // The output transform also applies the epilogue (bias, with a BatchNorm already folded into
 // weights and bias; act; residual add; post_act) for the activations this file computes
