@@ -378,6 +378,23 @@ def test_conv2d_native_winograd_from_several_threads(image):
     assert conv_stats()["winograd"] == before + 32
 
 
+@pytest.mark.parametrize("winograd", [True, False])
+def test_conv2d_winograd_follows_options(winograd):
+    """``Options.conv_winograd`` reaches the compiled convolution: a model's wide 3x3 layer runs
+    as Winograd by default and directly with the option off, torch's result either way."""
+    import plus_tvm
+
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Conv2d(128, 128, 3, padding=1), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 128, 14, 14)
+    options = plus_tvm.Options(conv_winograd=winograd)
+    compiled = plus_tvm.compile(model, "llvm", example_args=(x,), options=options)
+    before = conv_stats()["winograd"]
+    got = torch.from_numpy(np.asarray(compiled(x.numpy())))
+    assert conv_stats()["winograd"] == before + (1 if winograd else 0)
+    close(got, model(x).detach())
+
+
 def test_conv2d_native_winograd_only_where_it_wins():
     """Thin layers, layers of few tiles, strides, dilations, groups and activations Winograd's
     epilogue does not compute stay on oneDNN's direct convolution."""

@@ -253,10 +253,8 @@ class Conv2d : public KernelBase {
     plan->bias = memory::desc({oc}, f32, tag::a);
     Winograd::Act act, post_act;
     const int64_t out_dims[4] = {n, oh, ow, oc};
-    if (cfg.winograd &&
-        Winograd::Suits(c, out_dims, kh, kw, cfg.stride, cfg.dilation, g, cfg.act,
-                        cfg.post_act) &&
-        Winograd::ActOf(cfg.act, &act) && Winograd::ActOf(cfg.post_act, &post_act)) {
+    if (cfg.winograd && Winograd::Suits(c, out_dims, kh, kw, cfg.stride, cfg.dilation, g,
+                                        cfg.act, cfg.post_act, &act, &post_act)) {
       plan->winograd = std::make_shared<Winograd>(n, h, wd, c, oc, cfg.padding, act, post_act);
       plan->weights = plan->winograd->weights_desc();
       plans_.emplace(key, plan);

@@ -49,7 +49,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -83,21 +82,20 @@ class Winograd {
 
   // Whether a convolution takes this path: 3x3, stride 1, dilation 1, groups 1, at least
   // kMinChannels input and output channels and kMinTiles output tiles, activations this file
-  // computes. ``out`` is [n, oh, ow, o].
+  // computes (set in ``act`` and ``post_act``). ``out`` is [n, oh, ow, o].
   static bool Suits(int64_t c, const int64_t* out, int64_t kh, int64_t kw, const int64_t* stride,
-                    const int64_t* dilation, int64_t groups, const std::string& act,
-                    const std::string& post_act) {
-    Act a;
+                    const int64_t* dilation, int64_t groups, const std::string& act_name,
+                    const std::string& post_act_name, Act* act, Act* post_act) {
     int64_t tiles = out[0] * ((out[1] + 1) / 2) * ((out[2] + 1) / 2);
     return kh == 3 && kw == 3 && stride[0] == 1 && stride[1] == 1 && dilation[0] == 1 &&
            dilation[1] == 1 && groups == 1 && c >= kMinChannels && out[3] >= kMinChannels &&
-           tiles >= kMinTiles && ActOf(act, &a) && ActOf(post_act, &a);
+           tiles >= kMinTiles && ActOf(act_name, act) && ActOf(post_act_name, post_act);
   }
 
   // x [n, h, w, c] -> y [n, oh, ow, o]; ``pad`` top, left, bottom, right.
   Winograd(int64_t n, int64_t h, int64_t w, int64_t c, int64_t o, const int64_t* pad, Act act,
            Act post_act)
-      : n_(n), h_(h), w_(w), c_(c), o_(o), act_(act), post_act_(post_act) {
+      : h_(h), w_(w), c_(c), o_(o), act_(act), post_act_(post_act) {
     pad_t_ = pad[0];
     pad_l_ = pad[1];
     oh_ = h + pad[0] + pad[2] - 2;
@@ -128,8 +126,6 @@ class Winograd {
     matmul_ = dnnl::matmul(pd);
   }
 
-  int64_t out_h() const { return oh_; }
-  int64_t out_w() const { return ow_; }
   const memory::desc& weights_desc() const { return u_desc_; }
 
   // The weights ``g`` (OIHW, [o, c, 3, 3]) transformed (G g G^T) and packed for the matmul.
@@ -195,12 +191,11 @@ class Winograd {
   // kNonFinite and kFailed bits.
   int RunChunk(const float* x, const memory& u, int64_t k, const float* bias,
                 const float* residual, float* y, bool team) const {
-    thread_local std::vector<float> v, m, zero, spill;
+    thread_local std::vector<float> v, m, zero;
     size_t v_size = size_t(16) * chunk_ * c_, m_size = size_t(16) * chunk_ * o_;
     if (v.size() < v_size) v.resize(v_size);
     if (m.size() < m_size) m.resize(m_size);
     if (zero.size() < static_cast<size_t>(c_)) zero.assign(c_, 0.f);
-    if (spill.size() < static_cast<size_t>(o_)) spill.resize(o_);
     int64_t t0 = k * chunk_, count = std::min(chunk_, tiles_ - t0);
     float* vd = v.data();
     const float* zd = zero.data();
@@ -233,13 +228,11 @@ class Winograd {
     if (team) {
 #pragma omp parallel for schedule(static) reduction(& : finite)
       for (int64_t i = 0; i < count; ++i) {
-        thread_local std::vector<float> own;
-        if (own.size() < static_cast<size_t>(o_)) own.resize(o_);
-        finite &= OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y, own.data());
+        finite &= OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y);
       }
     } else {
       for (int64_t i = 0; i < count; ++i) {
-        finite &= OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y, spill.data());
+        finite &= OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y);
       }
     }
     return finite ? 0 : kNonFinite;
@@ -323,9 +316,11 @@ class Winograd {
   }
 
   // y = epilogue(A^T M A) for tile t from its products ``m`` (the parts of an edge tile past
-  // the output go to ``spill``, o floats). False when a convolution value was not finite.
+  // the output go to this thread's scratch row). False when a convolution value was not finite.
   bool OutputTileAt(const float* m, int64_t t, const float* bias, const float* residual,
-                    float* y, float* spill) const {
+                    float* y) const {
+    thread_local std::vector<float> spill;
+    if (spill.size() < static_cast<size_t>(o_)) spill.resize(o_);
     int64_t img = t / (th_ * tw_), ty = t / tw_ % th_, tx = t % tw_;
     float* out[4];
     const float* res[4];
@@ -333,7 +328,7 @@ class Winograd {
       int64_t r = 2 * ty + p / 2, q = 2 * tx + p % 2;
       int64_t at = ((img * oh_ + r) * ow_ + q) * o_;
       bool inside = r < oh_ && q < ow_;
-      out[p] = inside ? y + at : spill;
+      out[p] = inside ? y + at : spill.data();
       res[p] = residual == nullptr ? nullptr : inside ? residual + at : residual;
     }
     return OutputTile(m, o_, bias, res, act_, post_act_, out);
@@ -375,7 +370,7 @@ class Winograd {
     return probe == probe;
   }
 
-  int64_t n_, h_, w_, c_, o_, oh_, ow_, th_, tw_, tiles_, chunk_;
+  int64_t h_, w_, c_, o_, oh_, ow_, th_, tw_, tiles_, chunk_;
   int64_t pad_t_ = 0, pad_l_ = 0;
   bool per_thread_ = false;  // each thread runs whole chunks (thin layers), else the team
   std::vector<float> no_bias_;  // o zeros, the bias of a call without one
