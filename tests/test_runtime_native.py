@@ -282,6 +282,79 @@ def test_conv2d_native_nan_guard(cin, cout, k, stride, groups, image, act, resid
         assert guard_counts()[1] > reruns  # the NaN inputs ran again
 
 
+def _has_avx512f() -> bool:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return " avx512f" in info.read()
+    except OSError:
+        return False
+
+
+SILU_PASS = GUARDED and _has_avx512f()  # silu_pass.h: x86 with AVX-512, else oneDNN's post-op
+
+SILU_CASES = [
+    # (cin, cout, k, groups, image, act, residual, post_act, pass runs)
+    (40, 40, 3, 40, 57, "silu", False, "none", True),  # depthwise, both threads and a tail
+    (8, 12, 3, 1, 5, "silu", False, "none", True),  # small: one thread, a tail
+    (16, 24, 1, 1, 41, "relu", True, "silu", True),  # after the residual add
+    (16, 24, 1, 1, 9, "relu6", True, "silu", True),  # under the NaN guard too
+    (16, 24, 1, 1, 41, "silu", True, "none", False),  # the add follows: oneDNN's post-op
+]
+
+
+@pytest.mark.parametrize("cin,cout,k,groups,image,act,residual,post_act,runs", SILU_CASES)
+def test_conv2d_native_silu_pass(cin, cout, k, groups, image, act, residual, post_act, runs):
+    """A trailing SiLU runs after the convolution (silu_pass.h): torch's values for outputs
+    from -hundreds to hundreds, NaN where torch has NaN."""
+    torch.manual_seed(cin + image)
+    w = torch.randn(cout, cin // groups, k, k) * 4
+    b = torch.randn(cout)
+    cfg = {
+        "stride": (1, 1),
+        "padding": (k // 2,) * 4,
+        "dilation": (1, 1),
+        "groups": groups,
+        "act": act,
+        "post_act": post_act,
+    }
+    x = torch.randn(1, cin, image, image) * 8
+    x[0, cin // 2, image // 2, image - 1] = float("nan")
+    want_shape = reference(x, w, b, None, None, cfg).shape
+    res = torch.randn(want_shape) * 8 if residual else None
+    passes = conv_stats()["silu_passes"]
+    got, fallbacks = run_native(x, w, b, None, res, cfg)
+    want = reference(x, w, b, None, res, cfg)
+    assert fallbacks == 0
+    assert want.nan_to_num().max() > 30 and (want < -0.1).any(), want.nan_to_num().max()
+    assert torch.isnan(want).any()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    close(got, want)
+    assert conv_stats()["silu_passes"] == passes + int(runs and SILU_PASS)
+
+
+def test_conv2d_native_silu_pass_special_values():
+    """Each value through a one-channel 1x1 convolution of weight 1 (exact), then the SiLU:
+    torch's x / (1 + exp(-x)) for infinities, NaN, the extremes and the tiny."""
+    values = [float("nan"), float("inf"), -float("inf"), 3e38, -3e38, 100.0, -100.0, -87.5]
+    values += [-20.0, -1e-30, -0.0, 0.0, 1e-30, 0.5, -0.5, 20.0, 89.0, 1e-40]
+    x = torch.tensor(values).reshape(1, 1, 1, -1)
+    w = torch.ones(16, 1, 1, 1)
+    cfg = {
+        "stride": (1, 1),
+        "padding": (0, 0, 0, 0),
+        "dilation": (1, 1),
+        "groups": 1,
+        "act": "silu",
+        "post_act": "none",
+    }
+    got, fallbacks = run_native(x, w, None, None, None, cfg)
+    assert fallbacks == 0
+    want = F.silu(x).expand(1, 16, 1, -1)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-30, equal_nan=True)
+
+
 def test_conv2d_native_nan_guard_from_several_threads():
     """Each thread's guard reads its own team's flags: a NaN in one thread's input reruns that
     call only, and every thread gets torch's result, NaN where torch has NaN."""

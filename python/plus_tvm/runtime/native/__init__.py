@@ -44,11 +44,12 @@ SOURCES = (
     "nan_guard.cc",
     "nan_guard.h",
     "parallel_launch.cc",
+    "silu_pass.h",
     "winograd.h",
 )
 # -O3: the Winograd transforms (winograd.h) vectorize only with it (measured 1.5-2x slower at
-# -O2); -fopenmp: parallel_launch.cc, nan_guard.h and winograd.h (libgomp, the OpenMP runtime
-# oneDNN and torch use)
+# -O2); -fopenmp: parallel_launch.cc, nan_guard.h, silu_pass.h and winograd.h (libgomp, the
+# OpenMP runtime oneDNN and torch use)
 COMPILE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fopenmp")
 ONEDNN_PACKAGE = "onednn-cpu-gomp"
 ONEDNN_HEADERS_PACKAGE = "onednn-devel-cpu-gomp"

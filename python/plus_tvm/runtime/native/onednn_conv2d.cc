@@ -9,7 +9,8 @@
 // config key this file does not know, a shape it cannot check) goes to the Python implementation
 // the kernel was created with, which raises the errors. With ``nan=1`` (the default) a ReLU /
 // ReLU6 runs as oneDNN's own (max / min) under the NaN guard (nan_guard.h), and again in the
-// NaN-keeping form only when a NaN reached it.
+// NaN-keeping form only when a NaN reached it. A SiLU that is the last operation runs as a pass
+// over the output after the convolution (silu_pass.h: oneDNN's swish post-op is slower).
 //
 // Caches: parsed configs by config string; primitives by (config, input shape, weight shape);
 // packed (and BatchNorm-folded) weights by (primitive, data pointers of the weight tensors),
@@ -18,6 +19,7 @@
 
 #include "onednn_common.h"
 #include "nan_guard.h"
+#include "silu_pass.h"
 #include "winograd.h"
 
 #include <cmath>
@@ -90,6 +92,7 @@ struct Plan {
   Variant exact;          // the activations as the config asks
   Variant fast;           // with oneDNN's own ReLU / clip, run under the NaN guard
   bool guarded = false;   // fast exists, takes the same packed weights and passed Verified
+  bool silu_pass = false;  // the trailing SiLU is not a post-op: SiluInPlace over the output
   std::shared_ptr<Winograd> winograd;  // set: the layer runs as Winograd F(2x2, 3x3) instead
 };
 
@@ -184,14 +187,23 @@ class Conv2d : public KernelBase {
       exec.AddZeroSlopes(variant.prelu);
       Execute(variant.primitive, exec);
     };
+    auto finish = [&]() {
+      if (plan.silu_pass) {
+        int64_t begin = NowNs();
+        SiluInPlace(DataOf(y), NumelOf(y));
+        counters_.execute_ns += NowNs() - begin;
+        counters_.silu_passes += 1;
+      }
+      Done(start);
+    };
     if (plan.guarded && NanGuardAvailable()) {
       counters_.guarded += 1;
       run(plan.fast, -2);
-      if (TakeInvalidFlags() == 0) return Done(start);
+      if (TakeInvalidFlags() == 0) return finish();
       counters_.nan_reruns += 1;  // a NaN reached the activation: the NaN-keeping form
     }
     run(plan.exact, -1);
-    Done(start);
+    finish();
   }
 
  protected:
@@ -260,18 +272,27 @@ class Conv2d : public KernelBase {
       plans_.emplace(key, plan);
       return plan;
     }
+    // a SiLU with nothing after it: the pass after the primitive instead of the post-op
+    std::string first_op = cfg.act, last_op = cfg.post_act;  // the post-ops' activations
+    if (SiluPassAvailable()) {
+      std::string& last = last_op != "none" || cfg.residual ? last_op : first_op;
+      if (last == "silu") {
+        last = "none";
+        plan->silu_pass = true;
+      }
+    }
     memory::desc weights_any(wdims, f32, tag::any);
     memory::dims strides{cfg.stride[0], cfg.stride[1]};
     memory::dims dilates{cfg.dilation[0] - 1, cfg.dilation[1] - 1};
     memory::dims pad_l{cfg.padding[0], cfg.padding[1]}, pad_r{cfg.padding[2], cfg.padding[3]};
     auto make = [&](bool nan, Variant* variant) {
       dnnl::post_ops ops;
-      AppendActivation(&ops, cfg.act, nan, &variant->prelu);
+      AppendActivation(&ops, first_op, nan, &variant->prelu);
       if (cfg.residual) {
         variant->residual_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
         ops.append_binary(algorithm::binary_add, plan->dst);
       }
-      AppendActivation(&ops, cfg.post_act, nan, &variant->prelu);
+      AppendActivation(&ops, last_op, nan, &variant->prelu);
       dnnl::primitive_attr attr;
       attr.set_post_ops(ops);
       // the caller's scratchpad, one per thread: the library's own is shared between threads
@@ -290,7 +311,7 @@ class Conv2d : public KernelBase {
       return pd.weights_desc();
     };
     plan->weights = make(cfg.nan, &plan->exact);
-    if (cfg.nan && (NeedsNanGuard(cfg.act) || NeedsNanGuard(cfg.post_act)) &&
+    if (cfg.nan && (NeedsNanGuard(first_op) || NeedsNanGuard(last_op)) &&
         NanGuardAvailable() && make(false, &plan->fast) == plan->weights) {
       std::unordered_map<int, memory::desc> args{
           {DNNL_ARG_SRC, plan->src}, {DNNL_ARG_WEIGHTS, plan->weights}, {DNNL_ARG_DST, plan->dst}};
