@@ -6,10 +6,10 @@
 // this pass takes 99 and 323. So a convolution whose last operation is a SiLU runs without it and
 // calls SiluInPlace, where the CPU has AVX-512 (checked at run time; elsewhere the post-op stays).
 //
-// sigmoid(x) from e = exp(-|x|) (2^t as a degree-6 polynomial of t's fraction times 2^round(t),
-// t clamped at -160 so that e is exactly 0 far out) and r = 1 / (1 + e) (a reciprocal estimate and
-// one Newton step): r for x >= 0, e * r below. Relative error about 2e-7. Special values as torch
-// computes x / (1 + exp(-x)): NaN stays NaN, +inf gives +inf, -inf gives NaN (-inf * 0).
+// x / (1 + exp(-x)) as torch computes it, exp(-x) = 2^t as a degree-6 polynomial of t's fraction
+// times 2^round(t) (a division measured faster here than a reciprocal estimate with a Newton step
+// and the sign select it needs: 11 against 15 cycles a vector). Relative error about 1e-6. Special
+// values as torch: NaN stays NaN, +inf gives +inf, -inf gives NaN (-inf / inf), -100 gives -0.
 #ifndef PLUS_TVM_NATIVE_SILU_PASS_H_
 #define PLUS_TVM_NATIVE_SILU_PASS_H_
 
@@ -40,8 +40,9 @@ inline bool SiluPassAvailable() {
 #if PLUS_NATIVE_SILU_PASS
 __attribute__((target("avx512f"))) inline __m512 SiluVector(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.f);
-  __m512 t = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(-1.44269504f));  // -|x| log2(e)
-  t = _mm512_max_ps(t, _mm512_set1_ps(-160.f));  // a NaN t becomes -160: x * ... keeps the NaN
+  __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(-1.44269504f));  // exp(-x) = 2^t
+  // clamped: 2^128 is inf (as exp(-x) for x < -88.7), 2^-160 is 0; a NaN t becomes 128
+  t = _mm512_max_ps(_mm512_min_ps(t, _mm512_set1_ps(128.f)), _mm512_set1_ps(-160.f));
   __m512 whole = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 f = _mm512_sub_ps(t, whole);  // [-0.5, 0.5]
   __m512 p = _mm512_set1_ps(1.5403530e-4f);
@@ -51,13 +52,7 @@ __attribute__((target("avx512f"))) inline __m512 SiluVector(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
   p = _mm512_fmadd_ps(p, f, one);
-  __m512 e = _mm512_scalef_ps(p, whole);  // exp(-|x|), in [0, 1]
-  __m512 d = _mm512_add_ps(one, e);
-  __m512 r = _mm512_rcp14_ps(d);
-  r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));  // 1 / (1 + e)
-  __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-  __m512 sigmoid = _mm512_mask_mul_ps(r, negative, e, r);
-  return _mm512_mul_ps(x, sigmoid);
+  return _mm512_div_ps(x, _mm512_add_ps(one, _mm512_scalef_ps(p, whole)));
 }
 
 __attribute__((target("avx512f"))) inline void SiluSpan(float* data, int64_t n) {
