@@ -163,11 +163,13 @@ class Conv2d : public KernelBase {
                                        DataOf(y));
       counters_.execute_ns += NowNs() - begin;
       counters_.winograd += 1;
-      Done(start);
       // an infinity or a NaN met on the way: the Python kernel (torch's direct convolution)
       // computes the call again, torch's result whatever the values
-      if (!finite) return Fallback(args, rv);
-      return;
+      if (!finite) {
+        Done(start);
+        return Fallback(args, rv);
+      }
+      return Finish(plan, y, start);
     }
     std::shared_ptr<void> owner = bound.plan;
     auto run = [&](const Variant& variant, int scratch_slot) {
@@ -187,27 +189,29 @@ class Conv2d : public KernelBase {
       exec.AddZeroSlopes(variant.prelu);
       Execute(variant.primitive, exec);
     };
-    auto finish = [&]() {
-      if (plan.silu_pass) {
-        int64_t begin = NowNs();
-        SiluInPlace(DataOf(y), NumelOf(y));
-        counters_.execute_ns += NowNs() - begin;
-        counters_.silu_passes += 1;
-      }
-      Done(start);
-    };
     if (plan.guarded && NanGuardAvailable()) {
       counters_.guarded += 1;
       run(plan.fast, -2);
-      if (TakeInvalidFlags() == 0) return finish();
+      if (TakeInvalidFlags() == 0) return Finish(plan, y, start);
       counters_.nan_reruns += 1;  // a NaN reached the activation: the NaN-keeping form
     }
     run(plan.exact, -1);
-    finish();
+    Finish(plan, y, start);
   }
 
  protected:
   void DropBound() override { bound_.clear(); }
+
+  // The call's last step: the SiLU pass where the plan has one.
+  void Finish(const Plan& plan, const DLTensor* y, int64_t start) {
+    if (plan.silu_pass) {
+      int64_t begin = NowNs();
+      SiluInPlace(DataOf(y), NumelOf(y));
+      counters_.execute_ns += NowNs() - begin;
+      counters_.silu_passes += 1;
+    }
+    Done(start);
+  }
   void DropPlans() override { plans_.clear(); }
   size_t NumPlans() override { return plans_.size(); }
 
@@ -263,16 +267,8 @@ class Conv2d : public KernelBase {
         g > 1 ? memory::dims{g, oc / g, c / g, kh, kw} : memory::dims{oc, c, kh, kw};
     plan->user_weights = memory::desc(wdims, f32, g > 1 ? tag::goihw : tag::oihw);
     plan->bias = memory::desc({oc}, f32, tag::a);
-    Winograd::Act act, post_act;
-    const int64_t out_dims[4] = {n, oh, ow, oc};
-    if (cfg.winograd && Winograd::Suits(c, out_dims, kh, kw, cfg.stride, cfg.dilation, g,
-                                        cfg.act, cfg.post_act, &act, &post_act)) {
-      plan->winograd = std::make_shared<Winograd>(n, h, wd, c, oc, cfg.padding, act, post_act);
-      plan->weights = plan->winograd->weights_desc();
-      plans_.emplace(key, plan);
-      return plan;
-    }
-    // a SiLU with nothing after it: the pass after the primitive instead of the post-op
+    // a SiLU with nothing after it: the pass after the primitive instead of the post-op (or of
+    // the Winograd epilogue)
     std::string first_op = cfg.act, last_op = cfg.post_act;  // the post-ops' activations
     if (SiluPassAvailable()) {
       std::string& last = last_op != "none" || cfg.residual ? last_op : first_op;
@@ -280,6 +276,15 @@ class Conv2d : public KernelBase {
         last = "none";
         plan->silu_pass = true;
       }
+    }
+    Winograd::Act act, post_act;
+    const int64_t out_dims[4] = {n, oh, ow, oc};
+    if (cfg.winograd && Winograd::Suits(c, out_dims, kh, kw, cfg.stride, cfg.dilation, g,
+                                        first_op, last_op, &act, &post_act)) {
+      plan->winograd = std::make_shared<Winograd>(n, h, wd, c, oc, cfg.padding, act, post_act);
+      plan->weights = plan->winograd->weights_desc();
+      plans_.emplace(key, plan);
+      return plan;
     }
     memory::desc weights_any(wdims, f32, tag::any);
     memory::dims strides{cfg.stride[0], cfg.stride[1]};
