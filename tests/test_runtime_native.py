@@ -376,6 +376,12 @@ def test_conv2d_native_nan_guard_from_several_threads():
 
 WINOGRAD_CASES = [
     # (cin, cout, padding t, l, b, r, image (h, w), batch, bias, bn, act, residual, post_act)
+    # 4x4 output tiles (F(4x4, 3x3)): min(cin, cout) >= 128 and 25 tiles, or >= 64 and 100
+    (128, 144, (1, 1, 1, 1), (21, 19), 1, True, False, "relu", False, "none"),  # edge tiles
+    (64, 80, (0, 1, 2, 1), (42, 39), 1, False, True, "relu6", True, "relu"),  # thin, asymmetric
+    (160, 128, (1, 1, 1, 1), (9, 10), 3, True, False, "silu", False, "none"),  # batch 3
+    (128, 128, (1, 1, 1, 1), (60, 58), 1, True, False, "relu", True, "none"),  # per thread
+    # 2x2 output tiles (F(2x2, 3x3)): too few 4x4 tiles
     (256, 256, (1, 1, 1, 1), (15, 15), 1, True, False, "relu", False, "none"),  # edge tiles
     (256, 320, (1, 1, 1, 1), (8, 11), 2, False, True, "relu6", False, "none"),  # batch 2, BN
     (288, 256, (0, 0, 0, 0), (18, 16), 1, True, False, "none", False, "none"),  # valid
@@ -418,12 +424,17 @@ def test_conv2d_native_winograd(
     }
     out = reference(x, w, b, stats, None, cfg)
     res = torch.randn(out.shape) if residual else None
-    before, passes = conv_stats()["winograd"], conv_stats()["silu_passes"]
+    before = {k: conv_stats()[k] for k in ("winograd", "winograd4", "silu_passes")}
     got, fallbacks = run_native(x, w, b, stats, res, cfg)
     assert fallbacks == 0
     silu = "silu" in (act, post_act)  # Winograd takes a trailing SiLU where the pass runs
-    assert conv_stats()["winograd"] == before + int(SILU_PASS or not silu)
-    assert conv_stats()["silu_passes"] == passes + int(SILU_PASS and silu)
+    runs = int(SILU_PASS or not silu)
+    oh, ow = out.shape[2:]
+    narrow, tiles4 = min(cin, cout), batch * -(-oh // 4) * -(-ow // 4)
+    four = (narrow >= 128 and tiles4 >= 25) or (narrow >= 64 and tiles4 >= 100)
+    assert conv_stats()["winograd"] == before["winograd"] + runs
+    assert conv_stats()["winograd4"] == before["winograd4"] + runs * int(four)
+    assert conv_stats()["silu_passes"] == before["silu_passes"] + int(SILU_PASS and silu)
     close(got, reference(x, w, b, stats, res, cfg))
     # an infinity or a NaN in the input: torch's result exactly (the call falls back to the
     # Python kernel when Winograd met one: its transforms subtract infinities)
@@ -477,7 +488,9 @@ def test_conv2d_native_winograd_only_where_it_wins():
     """Thin layers, layers of few tiles, strides, dilations, groups and activations Winograd's
     epilogue does not compute stay on oneDNN's direct convolution."""
     direct = [
-        (64, 256, 1, 1, 1, "relu", 16),  # too few input channels
+        (64, 256, 1, 1, 1, "relu", 16),  # too few input channels (for 16 4x4 tiles)
+        (32, 256, 1, 1, 1, "relu", 56),  # too few input channels
+        (64, 64, 1, 1, 1, "relu", 28),  # thin, too few 4x4 tiles (49)
         (256, 96, 1, 1, 1, "relu", 16),  # too few output channels
         (256, 256, 1, 1, 1, "relu", 7),  # too few tiles (16)
         (256, 256, 2, 1, 1, "relu", 16),  # strided

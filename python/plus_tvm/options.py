@@ -145,9 +145,9 @@ class Options:
         Run ``FoldStaticSubgraphs`` in phase 1 (input-independent chains computed at compile
         time) and ``FoldConstant`` after legalization (TVM's default does the latter).
     conv_winograd : bool
-        The native convolution computes a 3x3 stride-1 layer of 128 or more input and output
-        channels and 40 or more 2x2 output tiles as Winograd F(2x2, 3x3) (1.10-1.64x oneDNN's
-        direct convolution on such layers here; ``runtime/native/winograd.h``); off: always
+        The native convolution computes a wide 3x3 stride-1 layer as Winograd F(4x4, 3x3) or
+        F(2x2, 3x3), by its channels and output size (1.1-2.4x oneDNN's direct convolution on
+        such layers here; ``runtime/native/winograd.h`` says where each runs); off: always
         direct.
     propagate_nan : bool
         Phase 4: float ``max`` / ``min`` in the generated kernels (ReLU, clip, max pooling,

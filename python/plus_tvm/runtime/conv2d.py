@@ -11,7 +11,7 @@ gelu_tanh|silu|sigmoid|tanh``: before and after the residual add), ``layout=nchw
 ``nhwc`` (``[N, H, W, C]``, channels last); the weight is always the model's OIHW tensor (its
 packed form is the library's business). ``nan=1`` (the default): a NaN reaching ReLU / ReLU6
 gives NaN, as in torch; ``nan=0`` lets the implementation return 0 there. ``winograd=1`` (the
-default) lets an implementation compute a 3x3 stride-1 convolution as Winograd F(2x2, 3x3) where
+default) lets an implementation compute a 3x3 stride-1 convolution with Winograd's algorithm where
 it is faster (the native kernel does, ``runtime/native/winograd.h``; this one never does);
 ``winograd=0``: the direct algorithm.
 

@@ -366,7 +366,8 @@ struct Counters {
   std::atomic<int64_t> execute_ns{0};  // inside oneDNN's primitives
   std::atomic<int64_t> guarded{0};     // calls run in the fast form under the NaN guard
   std::atomic<int64_t> nan_reruns{0};  // of those, calls run again NaN-keeping (nan_guard.h)
-  std::atomic<int64_t> winograd{0};    // calls run as Winograd F(2x2, 3x3) (winograd.h)
+  std::atomic<int64_t> winograd{0};    // calls run as Winograd (winograd.h)
+  std::atomic<int64_t> winograd4{0};   // of those, calls with 4x4 output tiles
   std::atomic<int64_t> silu_passes{0};  // calls whose SiLU ran after the primitive (silu_pass.h)
 
   std::string Json() const {
@@ -374,7 +375,7 @@ struct Counters {
     os << "\"calls\": " << calls << ", \"fallbacks\": " << fallbacks << ", \"packs\": " << packs
        << ", \"call_us\": " << call_ns / 1000 << ", \"execute_us\": " << execute_ns / 1000
        << ", \"guarded\": " << guarded << ", \"nan_reruns\": " << nan_reruns
-       << ", \"winograd\": " << winograd << ", \"silu_passes\": " << silu_passes;
+       << ", \"winograd\": " << winograd << ", \"winograd4\": " << winograd4 << ", \"silu_passes\": " << silu_passes;
     return os.str();
   }
 };

@@ -39,7 +39,7 @@ struct ConvConfig {
   float bn_eps = 1e-5f;
   bool nhwc = false;
   bool nan = true;  // NaN propagates through the activations (as in torch)
-  bool winograd = true;  // a 3x3 layer may run as Winograd F(2x2, 3x3) (winograd.h)
+  bool winograd = true;  // a 3x3 layer may run as Winograd F(2x2 or 4x4, 3x3) (winograd.h)
   std::string act = "none";
   std::string post_act = "none";
   bool native = false;  // every key understood and the combination supported here
@@ -93,7 +93,7 @@ struct Plan {
   Variant fast;           // with oneDNN's own ReLU / clip, run under the NaN guard
   bool guarded = false;   // fast exists, takes the same packed weights and passed Verified
   bool silu_pass = false;  // the trailing SiLU is not a post-op: SiluInPlace over the output
-  std::shared_ptr<Winograd> winograd;  // set: the layer runs as Winograd F(2x2, 3x3) instead
+  std::shared_ptr<Winograd> winograd;  // set: the layer runs as Winograd instead
 };
 
 // What one call needs beyond its tensors: the primitive and the packed weights.
@@ -163,6 +163,7 @@ class Conv2d : public KernelBase {
                                        DataOf(y));
       counters_.execute_ns += NowNs() - begin;
       counters_.winograd += 1;
+      counters_.winograd4 += plan.winograd->tile() == 4;
       // an infinity or a NaN met on the way: the Python kernel (torch's direct convolution)
       // computes the call again, torch's result whatever the values
       if (!finite) {
@@ -278,10 +279,12 @@ class Conv2d : public KernelBase {
       }
     }
     Winograd::Act act, post_act;
+    int tile = 0;
     const int64_t out_dims[4] = {n, oh, ow, oc};
     if (cfg.winograd && Winograd::Suits(c, out_dims, kh, kw, cfg.stride, cfg.dilation, g,
-                                        first_op, last_op, &act, &post_act)) {
-      plan->winograd = std::make_shared<Winograd>(n, h, wd, c, oc, cfg.padding, act, post_act);
+                                        first_op, last_op, &act, &post_act, &tile)) {
+      plan->winograd =
+          std::make_shared<Winograd>(n, h, wd, c, oc, cfg.padding, act, post_act, tile);
       plan->weights = plan->winograd->weights_desc();
       plans_.emplace(key, plan);
       return plan;

@@ -1,48 +1,53 @@
-// Winograd F(2x2, 3x3) convolution for the native conv2d kernel (Lavin and Gray, "Fast
-// Algorithms for Convolutional Neural Networks", CVPR 2016).
+// Winograd convolution for the native conv2d kernel, F(2x2, 3x3) and F(4x4, 3x3) (Lavin and
+// Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016).
 //
-// A 3x3, stride 1, undilated, ungrouped convolution computes each 2x2 output tile from a 4x4
-// input tile with 16 multiplications per (input, output) channel pair instead of 36:
+// A 3x3, stride 1, undilated, ungrouped convolution computes each m x m output tile from an
+// a x a input tile (a = m + 2) with a^2 multiplications per (input, output) channel pair instead
+// of 9 m^2 (16 instead of 36 for m = 2, 36 instead of 144 for m = 4):
 //
 //   Y = A^T [ (G g G^T) . (B^T d B) ] A,   summed over input channels,
 //
-// which turns the convolution into 16 independent GEMMs, [tiles x C] x [C x O], one per position
-// of the 4x4 transformed tile (run as one batched oneDNN matmul on weights transformed and
-// packed once), between an input transform and an output transform that both stream the
-// activations once. Channels last (NHWC) keeps every transform a loop over contiguous channels.
-// The tiles are processed in chunks: on small layers each chunk's steps spread over the OpenMP
-// team (transformed input and products in the last-level cache); on large thin ones each thread
-// runs whole chunks alone, its transformed input and products in its L2 (see the constants).
+// which turns the convolution into a^2 independent GEMMs, [tiles x C] x [C x O], one per position
+// of the transformed tile (run as one batched oneDNN matmul on weights transformed and packed
+// once), between an input transform and an output transform that both stream the activations
+// once. Channels last (NHWC) keeps every transform a loop over contiguous channels. The tiles
+// are processed in chunks: on small layers each chunk's steps spread over the OpenMP team
+// (transformed input and products in the last-level cache); on large thin ones each thread runs
+// whole chunks alone, its transformed input and products in its L2 (see the constants).
 //
 // The output transform also applies the epilogue (bias, with a BatchNorm already folded into
 // weights and bias; act; residual add; post_act) for the activations this file computes
-// itself: none, ReLU and ReLU6, NaN kept as in torch. It also checks every convolution value:
-// an infinity or a NaN met on the way makes Run return false (the transforms subtract
-// infinities, so the result can differ from the direct convolution's), and the kernel then
-// has the call computed another way.
+// itself: none, ReLU and ReLU6, NaN kept as in torch (a trailing SiLU is the caller's pass). It
+// also checks every convolution value: an infinity or a NaN met on the way makes Run return
+// false (the transforms subtract infinities and spread a value over the tile), and the kernel
+// then has the call computed another way.
 //
-// Where it runs (Suits) and how it is chunked are decided by measurement: this project's 2-core
-// Zen 4 machine, one process alternating oneDNN's direct convolution and this one on the same
-// layer (NHWC, bias, ReLU, median of 15 rounds, caches shared with the other layer as in a
-// model; 2026-11-27):
+// Where each runs (Suits) and how it is chunked are decided by measurement: this project's
+// 2-core Zen 4 machine, one process alternating oneDNN's direct convolution and both tile sizes
+// on the same layer (NHWC, bias, ReLU, median of 7 rounds; 2026-11-27, ms):
 //
-//   layer (C->O @ HxW)   direct ms   Winograd ms
-//   128->128 @112         16.0        13.9      1.16x   (chunks per thread)
-//   128->128 @56           3.96        3.61     1.10x   (chunks per thread)
-//   128->128 @28           0.97        0.79     1.22x
-//   256->256 @56          15.8        11.1      1.43x   (chunks per thread)
-//   256->256 @28           3.88        2.66     1.46x
-//   256->256 @14           0.92        0.60     1.54x
-//   512->512 @28          15.5         9.54     1.63x
-//   512->512 @14           3.73        2.28     1.64x
+//   layer (C->O @ HxW)   direct    F(2x2)          F(4x4)
+//   64->64 @224           16.7      24.3  0.72x     16.1  1.08x   (-> F(4x4))
+//   64->64 @112            4.26      5.77 0.74x      3.70 1.15x   (-> F(4x4))
+//   64->64 @56             1.07      1.56 0.69x      0.93 1.15x   (-> F(4x4))
+//   64->64 @28             0.25      0.32 0.80x      0.24 1.06x   (direct: too few tiles)
+//   128->128 @112         17.3      15.5  1.12x     10.4  1.67x   (-> F(4x4))
+//   128->128 @28           1.01      0.83 1.21x      0.56 1.79x   (-> F(4x4))
+//   128->128 @20           0.53      0.48 1.12x      0.34 1.57x   (-> F(4x4))
+//   256->256 @56          16.1      11.6  1.39x      8.03 2.01x   (-> F(4x4))
+//   256->256 @28           4.08      3.02 1.35x      2.01 2.03x   (-> F(4x4))
+//   256->256 @14           0.98      0.69 1.42x      0.68 1.43x   (-> F(2x2))
+//   512->512 @28          17.1      11.0  1.56x      7.29 2.35x   (-> F(4x4))
+//   512->512 @14           3.85      2.56 1.50x      3.14 1.23x   (-> F(2x2): 16 4x4 tiles)
+//   512->512 @7            0.88       -               -           (direct; 0.91x before)
 //
-// and where it does not run: 64 channels lose at every size tried (64->64 @56 0.51-0.72x, @224
-// 0.49-0.76x: the transforms cost in proportion to C + O, the GEMMs to C x O, and oneDNN's GEMMs
-// are slow at K, N = 64), and so do layers of few tiles (512->512 @7, 16 tiles: 0.91x; the
-// transformed weights, 16/9 the size of the direct ones, are read for little work). Chunks per
-// thread instead of the team's (below) took 128->128 @112 from 0.85x to 1.16x and 256->256 @56
-// from 1.25x to 1.43x, and lost on the small layers (256->256 @14 1.41x against 1.54x). Max abs
-// error 3e-6 of outputs up to 0.9.
+// F(2x2) loses on 64 channels (the transforms cost in proportion to C + O, the GEMMs to C x O,
+// and oneDNN's GEMMs are slow at K, N = 64); F(4x4) does a quarter of the direct multiplications
+// and wins there too once there are enough tiles; a 14x14 output makes 16 4x4 tiles (a third of
+// them padding) and GEMMs of 16 rows, where F(2x2)'s 49 tiles do better. Max abs error on
+// outputs up to 7: direct 1e-5, F(2x2) 4e-6, F(4x4) 3e-5 to 1e-4 (its transforms multiply by up
+// to 8 and divide by 24). Chunks per thread instead of the team's took F(2x2) 128->128 @112 from
+// 0.85x to 1.16x and 256->256 @56 from 1.25x to 1.43x, and lost on the small layers.
 #ifndef PLUS_TVM_NATIVE_WINOGRAD_H_
 #define PLUS_TVM_NATIVE_WINOGRAD_H_
 
@@ -60,8 +65,14 @@ namespace plus_native {
 class Winograd {
  public:
   enum class Act { kNone, kRelu, kRelu6 };
-  static constexpr int64_t kMinChannels = 128;  // input and output channels (table above)
-  static constexpr int64_t kMinTiles = 40;       // 2x2 output tiles, all images together
+  // Where each tile size runs (the tables above): the fewer of the input and output channels,
+  // and the number of output tiles of that size, all images together.
+  static constexpr int64_t kMinChannels = 128;    // F(2x2)
+  static constexpr int64_t kMinTiles = 40;
+  static constexpr int64_t kMinChannels4 = 128;   // F(4x4)
+  static constexpr int64_t kMinTiles4 = 25;
+  static constexpr int64_t kThinChannels4 = 64;   // F(4x4) on 64 to 127 channels
+  static constexpr int64_t kThinMinTiles4 = 100;
   // Chunks: with V and M of the whole layer within kTeamBytes, or more than kThreadMaxChannels
   // channels in and out together, chunks of about kChunkBytes each (V or M) run one after the
   // other, each step on the whole OpenMP team; otherwise each thread takes whole chunks of
@@ -80,47 +91,66 @@ class Winograd {
     return true;
   }
 
-  // Whether a convolution takes this path: 3x3, stride 1, dilation 1, groups 1, at least
-  // kMinChannels input and output channels and kMinTiles output tiles, activations this file
-  // computes (set in ``act`` and ``post_act``). ``out`` is [n, oh, ow, o].
+  // Whether a convolution takes this path, and with which output tile (``m``, 2 or 4): 3x3,
+  // stride 1, dilation 1, groups 1, enough channels and tiles (the constants above),
+  // activations this file computes (set in ``act`` and ``post_act``). ``out`` is [n, oh, ow, o].
   static bool Suits(int64_t c, const int64_t* out, int64_t kh, int64_t kw, const int64_t* stride,
                     const int64_t* dilation, int64_t groups, const std::string& act_name,
-                    const std::string& post_act_name, Act* act, Act* post_act) {
-    int64_t tiles = out[0] * ((out[1] + 1) / 2) * ((out[2] + 1) / 2);
-    return kh == 3 && kw == 3 && stride[0] == 1 && stride[1] == 1 && dilation[0] == 1 &&
-           dilation[1] == 1 && groups == 1 && c >= kMinChannels && out[3] >= kMinChannels &&
-           tiles >= kMinTiles && ActOf(act_name, act) && ActOf(post_act_name, post_act);
+                    const std::string& post_act_name, Act* act, Act* post_act, int* m) {
+    if (kh != 3 || kw != 3 || stride[0] != 1 || stride[1] != 1 || dilation[0] != 1 ||
+        dilation[1] != 1 || groups != 1 || !ActOf(act_name, act) ||
+        !ActOf(post_act_name, post_act)) {
+      return false;
+    }
+    auto tiles = [&](int64_t size) {
+      return out[0] * ((out[1] + size - 1) / size) * ((out[2] + size - 1) / size);
+    };
+    int64_t narrow = std::min(c, out[3]);
+    if ((narrow >= kMinChannels4 && tiles(4) >= kMinTiles4) ||
+        (narrow >= kThinChannels4 && tiles(4) >= kThinMinTiles4)) {
+      *m = 4;
+    } else if (narrow >= kMinChannels && tiles(2) >= kMinTiles) {
+      *m = 2;
+    } else {
+      return false;
+    }
+    return true;
   }
 
-  // x [n, h, w, c] -> y [n, oh, ow, o]; ``pad`` top, left, bottom, right.
+  int tile() const { return m_; }
+
+  // x [n, h, w, c] -> y [n, oh, ow, o]; ``pad`` top, left, bottom, right; ``m``: output tiles
+  // m x m, F(2x2, 3x3) or F(4x4, 3x3).
   Winograd(int64_t n, int64_t h, int64_t w, int64_t c, int64_t o, const int64_t* pad, Act act,
-           Act post_act)
-      : h_(h), w_(w), c_(c), o_(o), act_(act), post_act_(post_act) {
+           Act post_act, int m)
+      : m_(m), a_(m + 2), p_(a_ * a_), h_(h), w_(w), c_(c), o_(o), act_(act),
+        post_act_(post_act) {
     pad_t_ = pad[0];
     pad_l_ = pad[1];
     oh_ = h + pad[0] + pad[2] - 2;
     ow_ = w + pad[1] + pad[3] - 2;
-    th_ = (oh_ + 1) / 2;
-    tw_ = (ow_ + 1) / 2;
+    th_ = (oh_ + m - 1) / m;
+    tw_ = (ow_ + m - 1) / m;
     tiles_ = n * th_ * tw_;
     no_bias_.assign(o, 0.f);
-    size_t whole = size_t(16) * tiles_ * (c + o) * sizeof(float);  // V and M of every tile
+    size_t whole = size_t(p_) * tiles_ * (c + o) * sizeof(float);  // V and M of every tile
     per_thread_ = c + o <= kThreadMaxChannels && whole > kTeamBytes;
     int64_t most =
         per_thread_
-            ? std::clamp<int64_t>(kThreadBytes / (16 * (c + o) * sizeof(float)), 8, 256)
-            : std::max<int64_t>(16, kChunkBytes / (16 * std::max(c, o) * sizeof(float)));
+            ? std::clamp<int64_t>(kThreadBytes / (p_ * (c + o) * sizeof(float)), 8, 256)
+            : std::max<int64_t>(16, kChunkBytes / (p_ * std::max(c, o) * sizeof(float)));
     int64_t chunks = (tiles_ + most - 1) / most;
     chunk_ = (tiles_ + chunks - 1) / chunks;
     auto f32 = memory::data_type::f32;
-    // V [tile][16][c] and M [tile][16][o] in memory, read as 16 matrices by the matmul
-    v_desc_ = memory::desc({16, chunk_, c}, f32, memory::dims{c, 16 * c, 1});
-    m_desc_ = memory::desc({16, chunk_, o}, f32, memory::dims{o, 16 * o, 1});
-    u_plain_ = memory::desc({16, c, o}, f32, memory::format_tag::abc);
+    // V [tile][p][c] and M [tile][p][o] in memory (p = (m + 2)^2 tile positions), read as p
+    // matrices by the matmul
+    v_desc_ = memory::desc({p_, chunk_, c}, f32, memory::dims{c, p_ * c, 1});
+    m_desc_ = memory::desc({p_, chunk_, o}, f32, memory::dims{o, p_ * o, 1});
+    u_plain_ = memory::desc({p_, c, o}, f32, memory::format_tag::abc);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     auto pd = dnnl::matmul::primitive_desc(
-        Engine(), v_desc_, memory::desc({16, c, o}, f32, memory::format_tag::any), m_desc_, attr);
+        Engine(), v_desc_, memory::desc({p_, c, o}, f32, memory::format_tag::any), m_desc_, attr);
     u_desc_ = pd.weights_desc();
     scratchpad_ = pd.scratchpad_desc();
     matmul_ = dnnl::matmul(pd);
@@ -130,8 +160,11 @@ class Winograd {
 
   // The weights ``g`` (OIHW, [o, c, 3, 3]) transformed (G g G^T) and packed for the matmul.
   memory Pack(const float* g) const {
-    std::vector<float> u(16 * c_ * o_);
-    for (int64_t oc = 0; oc < o_; ++oc) {
+    std::vector<float> u(p_ * c_ * o_);
+    for (int64_t oc = 0; m_ == 4 && oc < o_; ++oc) {
+      for (int64_t ic = 0; ic < c_; ++ic) PackTile4(g + (oc * c_ + ic) * 9, u.data(), ic, oc);
+    }
+    for (int64_t oc = 0; m_ == 2 && oc < o_; ++oc) {
       for (int64_t ic = 0; ic < c_; ++ic) {
         const float* k = g + (oc * c_ + ic) * 9;
         float t[4][3];
@@ -192,7 +225,7 @@ class Winograd {
   int RunChunk(const float* x, const memory& u, int64_t k, const float* bias,
                 const float* residual, float* y, bool team) const {
     thread_local std::vector<float> v, m, zero;
-    size_t v_size = size_t(16) * chunk_ * c_, m_size = size_t(16) * chunk_ * o_;
+    size_t v_size = size_t(p_) * chunk_ * c_, m_size = size_t(p_) * chunk_ * o_;
     if (v.size() < v_size) v.resize(v_size);
     if (m.size() < m_size) m.resize(m_size);
     if (zero.size() < static_cast<size_t>(c_)) zero.assign(c_, 0.f);
@@ -201,12 +234,12 @@ class Winograd {
     const float* zd = zero.data();
     if (team) {
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < count; ++i) InputTile(x, t0 + i, zd, vd + i * 16 * c_);
+      for (int64_t i = 0; i < count; ++i) InputTile(x, t0 + i, zd, vd + i * p_ * c_);
     } else {
-      for (int64_t i = 0; i < count; ++i) InputTile(x, t0 + i, zd, vd + i * 16 * c_);
+      for (int64_t i = 0; i < count; ++i) InputTile(x, t0 + i, zd, vd + i * p_ * c_);
     }
     if (count < chunk_) {  // the rows past the last tile: zeros, never read back
-      std::memset(vd + count * 16 * c_, 0, (chunk_ - count) * 16 * c_ * sizeof(float));
+      std::memset(vd + count * p_ * c_, 0, (chunk_ - count) * p_ * c_ * sizeof(float));
     }
     memory vm(v_desc_, Engine(), vd), mm(m_desc_, Engine(), m.data());
     ExecArgs exec;
@@ -228,11 +261,11 @@ class Winograd {
     if (team) {
 #pragma omp parallel for schedule(static) reduction(& : finite)
       for (int64_t i = 0; i < count; ++i) {
-        finite &= OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y);
+        finite &= OutputTileAt(md + i * p_ * o_, t0 + i, bias, residual, y);
       }
     } else {
       for (int64_t i = 0; i < count; ++i) {
-        finite &= OutputTileAt(md + i * 16 * o_, t0 + i, bias, residual, y);
+        finite &= OutputTileAt(md + i * p_ * o_, t0 + i, bias, residual, y);
       }
     }
     return finite ? 0 : kNonFinite;
@@ -248,15 +281,18 @@ class Winograd {
   // padding).
   void InputTile(const float* x, int64_t t, const float* zero, float* v) const {
     int64_t img = t / (th_ * tw_), ty = t / tw_ % th_, tx = t % tw_;
-    const float* d[4][4];
-    for (int i = 0; i < 4; ++i) {
-      for (int j = 0; j < 4; ++j) {
-        int64_t r = 2 * ty - pad_t_ + i, q = 2 * tx - pad_l_ + j;
+    const float* d[6][6];
+    for (int i = 0; i < a_; ++i) {
+      for (int j = 0; j < a_; ++j) {
+        int64_t r = m_ * ty - pad_t_ + i, q = m_ * tx - pad_l_ + j;
         bool inside = r >= 0 && r < h_ && q >= 0 && q < w_;
         d[i][j] = inside ? x + ((img * h_ + r) * w_ + q) * c_ : zero;
       }
     }
-    TransformTile(d, c_, v);
+    if (m_ == 4) return TransformTile4(d, c_, v);
+    const float* d4[4][4];
+    for (int i = 0; i < 4; ++i) std::copy(d[i], d[i] + 4, d4[i]);
+    TransformTile(d4, c_, v);
   }
 
   __attribute__((target_clones("avx512f", "avx2", "default"))) static void TransformTile(
@@ -322,15 +358,16 @@ class Winograd {
     thread_local std::vector<float> spill;
     if (spill.size() < static_cast<size_t>(o_)) spill.resize(o_);
     int64_t img = t / (th_ * tw_), ty = t / tw_ % th_, tx = t % tw_;
-    float* out[4];
-    const float* res[4];
-    for (int p = 0; p < 4; ++p) {
-      int64_t r = 2 * ty + p / 2, q = 2 * tx + p % 2;
+    float* out[16];
+    const float* res[16];
+    for (int p = 0; p < m_ * m_; ++p) {
+      int64_t r = m_ * ty + p / m_, q = m_ * tx + p % m_;
       int64_t at = ((img * oh_ + r) * ow_ + q) * o_;
       bool inside = r < oh_ && q < ow_;
       out[p] = inside ? y + at : spill.data();
       res[p] = residual == nullptr ? nullptr : inside ? residual + at : residual;
     }
+    if (m_ == 4) return OutputTile4(m, o_, bias, res, act_, post_act_, out);
     return OutputTile(m, o_, bias, res, act_, post_act_, out);
   }
 
@@ -370,6 +407,133 @@ class Winograd {
     return probe == probe;
   }
 
+  // F(4x4, 3x3), points 0, +-1, +-2 and infinity: U = G g G^T, V = B^T d B, Y = A^T M A with
+  //   G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1],
+  //   B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0;
+  //          0 4 0 -5 0 1],
+  //   A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1].
+  // The weight transform in double, written to u[position][ic][oc].
+  void PackTile4(const float* k, float* u, int64_t ic, int64_t oc) const {
+    static const double g[6][3] = {{0.25, 0, 0},
+                                   {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                   {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                   {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                   {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                   {0, 0, 1}};
+    double t[6][3];
+    for (int i = 0; i < 6; ++i) {
+      for (int j = 0; j < 3; ++j) {
+        t[i][j] = g[i][0] * k[j] + g[i][1] * k[3 + j] + g[i][2] * k[6 + j];
+      }
+    }
+    for (int i = 0; i < 6; ++i) {
+      for (int j = 0; j < 6; ++j) {
+        double v = t[i][0] * g[j][0] + t[i][1] * g[j][1] + t[i][2] * g[j][2];
+        u[((i * 6 + j) * c_ + ic) * o_ + oc] = static_cast<float>(v);
+      }
+    }
+  }
+
+  static constexpr int kLanes = 16;  // channels per block of the F(4x4) transforms
+
+  // v[p][c] = (B^T d B)[p] for a 6x6 input tile, 16 channels at a time.
+  __attribute__((target_clones("avx512f", "avx2", "default"))) static void TransformTile4(
+      const float* const (*d)[6], int64_t c, float* out) {
+    for (int64_t c0 = 0; c0 < c; c0 += kLanes) {
+      const int n = static_cast<int>(std::min<int64_t>(kLanes, c - c0));
+      float e[6][6][kLanes];  // B^T d
+      for (int j = 0; j < 6; ++j) {
+        const float* __restrict__ r0 = d[0][j] + c0;
+        const float* __restrict__ r1 = d[1][j] + c0;
+        const float* __restrict__ r2 = d[2][j] + c0;
+        const float* __restrict__ r3 = d[3][j] + c0;
+        const float* __restrict__ r4 = d[4][j] + c0;
+        const float* __restrict__ r5 = d[5][j] + c0;
+        for (int l = 0; l < n; ++l) {
+          float x0 = r0[l], x1 = r1[l], x2 = r2[l], x3 = r3[l], x4 = r4[l], x5 = r5[l];
+          e[0][j][l] = 4.f * x0 - 5.f * x2 + x4;
+          e[1][j][l] = x3 + x4 - 4.f * (x1 + x2);
+          e[2][j][l] = x4 - x3 + 4.f * (x1 - x2);
+          e[3][j][l] = x4 - x2 + 2.f * (x3 - x1);
+          e[4][j][l] = x4 - x2 + 2.f * (x1 - x3);
+          e[5][j][l] = 4.f * x1 - 5.f * x3 + x5;
+        }
+      }
+      for (int i = 0; i < 6; ++i) {
+        float* __restrict__ o0 = out + (i * 6 + 0) * c + c0;
+        float* __restrict__ o1 = out + (i * 6 + 1) * c + c0;
+        float* __restrict__ o2 = out + (i * 6 + 2) * c + c0;
+        float* __restrict__ o3 = out + (i * 6 + 3) * c + c0;
+        float* __restrict__ o4 = out + (i * 6 + 4) * c + c0;
+        float* __restrict__ o5 = out + (i * 6 + 5) * c + c0;
+        for (int l = 0; l < n; ++l) {
+          float x0 = e[i][0][l], x1 = e[i][1][l], x2 = e[i][2][l], x3 = e[i][3][l],
+                x4 = e[i][4][l], x5 = e[i][5][l];
+          o0[l] = 4.f * x0 - 5.f * x2 + x4;
+          o1[l] = x3 + x4 - 4.f * (x1 + x2);
+          o2[l] = x4 - x3 + 4.f * (x1 - x2);
+          o3[l] = x4 - x2 + 2.f * (x3 - x1);
+          o4[l] = x4 - x2 + 2.f * (x1 - x3);
+          o5[l] = 4.f * x1 - 5.f * x3 + x5;
+        }
+      }
+    }
+  }
+
+  // One tile's 4x4 outputs from its 36 products, 16 channels at a time: A^T M A, then the
+  // epilogue as OutputTile. (Here an output depends on the whole 6x6 input tile: a NaN or an
+  // infinity reaches the probe, and the call is computed another way.)
+  __attribute__((target_clones("avx512f", "avx2", "default"))) static bool OutputTile4(
+      const float* m, int64_t o, const float* bias, const float* const* res, Act act,
+      Act post_act, float* const* out) {
+    float probe[kLanes] = {};  // x * 0: 0 for every number, NaN for an infinity or a NaN
+    for (int64_t c0 = 0; c0 < o; c0 += kLanes) {
+      const int n = static_cast<int>(std::min<int64_t>(kLanes, o - c0));
+      float s[4][6][kLanes];  // A^T M
+      for (int b = 0; b < 6; ++b) {
+        const float* __restrict__ r0 = m + (0 * 6 + b) * o + c0;
+        const float* __restrict__ r1 = m + (1 * 6 + b) * o + c0;
+        const float* __restrict__ r2 = m + (2 * 6 + b) * o + c0;
+        const float* __restrict__ r3 = m + (3 * 6 + b) * o + c0;
+        const float* __restrict__ r4 = m + (4 * 6 + b) * o + c0;
+        const float* __restrict__ r5 = m + (5 * 6 + b) * o + c0;
+        for (int l = 0; l < n; ++l) {
+          float x0 = r0[l], x1 = r1[l], x2 = r2[l], x3 = r3[l], x4 = r4[l], x5 = r5[l];
+          s[0][b][l] = x0 + x1 + x2 + x3 + x4;
+          s[1][b][l] = x1 - x2 + 2.f * (x3 - x4);
+          s[2][b][l] = x1 + x2 + 4.f * (x3 + x4);
+          s[3][b][l] = x1 - x2 + 8.f * (x3 - x4) + x5;
+        }
+      }
+      for (int i = 0; i < 4; ++i) {
+        float y[4][kLanes];
+        for (int l = 0; l < n; ++l) {
+          float x0 = s[i][0][l], x1 = s[i][1][l], x2 = s[i][2][l], x3 = s[i][3][l],
+                x4 = s[i][4][l], x5 = s[i][5][l];
+          float add = bias != nullptr ? bias[c0 + l] : 0.f;
+          y[0][l] = x0 + x1 + x2 + x3 + x4 + add;
+          y[1][l] = x1 - x2 + 2.f * (x3 - x4) + add;
+          y[2][l] = x1 + x2 + 4.f * (x3 + x4) + add;
+          y[3][l] = x1 - x2 + 8.f * (x3 - x4) + x5 + add;
+          probe[l] += (y[0][l] + y[1][l] + y[2][l] + y[3][l]) * 0.f;
+        }
+        for (int j = 0; j < 4; ++j) {
+          float* __restrict__ dst = out[i * 4 + j] + c0;
+          const float* rp = res[0] != nullptr ? res[i * 4 + j] + c0 : nullptr;
+          for (int l = 0; l < n; ++l) {
+            float v = Apply(act, y[j][l]);
+            if (rp != nullptr) v += rp[l];
+            dst[l] = Apply(post_act, v);
+          }
+        }
+      }
+    }
+    float sum = 0.f;
+    for (int l = 0; l < kLanes; ++l) sum += probe[l];
+    return sum == sum;
+  }
+
+  int m_, a_, p_;  // output tile m x m, input tile a x a (a = m + 2), p = a * a positions
   int64_t h_, w_, c_, o_, oh_, ow_, th_, tw_, tiles_, chunk_;
   int64_t pad_t_ = 0, pad_l_ = 0;
   bool per_thread_ = false;  // each thread runs whole chunks (thin layers), else the team
