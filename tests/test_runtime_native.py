@@ -332,6 +332,20 @@ def test_conv2d_native_silu_pass(cin, cout, k, groups, image, act, residual, pos
     assert conv_stats()["silu_passes"] == passes + int(runs and SILU_PASS)
 
 
+def test_conv2d_native_silu_pass_from_several_threads():
+    """Four threads at once, each output large enough for the pass to split over its team."""
+    torch.manual_seed(9)
+    w = torch.randn(32, 16, 3, 3)
+    exe = conv_exe(
+        [(1, 24, 24, 16), (32, 16, 3, 3)], "layout=nhwc;padding=1;act=silu", (1, 24, 24, 32)
+    )
+    xs = [torch.randn(1, 16, 24, 24) for _ in range(4)]
+    wants = [F.silu(F.conv2d(x, w, padding=1)) for x in xs]
+    passes = conv_stats()["silu_passes"]
+    assert not conv_in_threads(exe, tvm.runtime.tensor(w.numpy()), xs, wants, 20, differs)
+    assert conv_stats()["silu_passes"] - passes == (80 if SILU_PASS else 0)
+
+
 def test_conv2d_native_silu_pass_special_values():
     """Each value through a one-channel 1x1 convolution of weight 1 (exact), then the SiLU:
     torch's x / (1 + exp(-x)) for infinities, NaN, the extremes and the tiny."""
