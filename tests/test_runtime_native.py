@@ -332,20 +332,6 @@ def test_conv2d_native_silu_pass(cin, cout, k, groups, image, act, residual, pos
     assert conv_stats()["silu_passes"] == passes + int(runs and SILU_PASS)
 
 
-def test_conv2d_native_silu_pass_from_several_threads():
-    """Four threads at once, each output large enough for the pass to split over its team."""
-    torch.manual_seed(9)
-    w = torch.randn(32, 16, 3, 3)
-    exe = conv_exe(
-        [(1, 24, 24, 16), (32, 16, 3, 3)], "layout=nhwc;padding=1;act=silu", (1, 24, 24, 32)
-    )
-    xs = [torch.randn(1, 16, 24, 24) for _ in range(4)]
-    wants = [F.silu(F.conv2d(x, w, padding=1)) for x in xs]
-    passes = conv_stats()["silu_passes"]
-    assert not conv_in_threads(exe, tvm.runtime.tensor(w.numpy()), xs, wants, 20, differs)
-    assert conv_stats()["silu_passes"] - passes == (80 if SILU_PASS else 0)
-
-
 def test_conv2d_native_silu_pass_special_values():
     """Each value through a one-channel 1x1 convolution of weight 1 (exact), then the SiLU:
     torch's x / (1 + exp(-x)) for infinities, NaN, the extremes and the tiny."""
@@ -588,15 +574,22 @@ def differs(got: torch.Tensor, want: torch.Tensor) -> str:
     return "" if torch.allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True) else "value"
 
 
-def test_conv2d_native_from_several_threads():
+# (act, cin, cout, image): the SiLU case's outputs are large enough for the SiLU pass to split
+# over each thread's team
+@pytest.mark.parametrize("act,cin,cout,image", [("relu", 8, 16, 12), ("silu", 16, 32, 24)])
+def test_conv2d_native_from_several_threads(act, cin, cout, image):
     torch.manual_seed(3)
-    w = torch.randn(16, 8, 3, 3)
+    w = torch.randn(cout, cin, 3, 3)
     exe = conv_exe(
-        [(1, 12, 12, 8), (16, 8, 3, 3)], "layout=nhwc;padding=1;act=relu", (1, 12, 12, 16)
+        [(1, image, image, cin), (cout, cin, 3, 3)],
+        f"layout=nhwc;padding=1;act={act}",
+        (1, image, image, cout),
     )
-    xs = [torch.randn(1, 8, 12, 12) for _ in range(4)]
-    wants = [F.relu(F.conv2d(x, w, padding=1)) for x in xs]
+    xs = [torch.randn(1, cin, image, image) for _ in range(4)]
+    wants = [ACT[act](F.conv2d(x, w, padding=1)) for x in xs]
+    passes = conv_stats()["silu_passes"]
     assert not conv_in_threads(exe, tvm.runtime.tensor(w.numpy()), xs, wants, 20, differs)
+    assert conv_stats()["silu_passes"] - passes == (80 if act == "silu" and SILU_PASS else 0)
 
 
 def test_status_names_why_native_kernels_are_unavailable(tmp_path):

@@ -375,7 +375,8 @@ struct Counters {
     os << "\"calls\": " << calls << ", \"fallbacks\": " << fallbacks << ", \"packs\": " << packs
        << ", \"call_us\": " << call_ns / 1000 << ", \"execute_us\": " << execute_ns / 1000
        << ", \"guarded\": " << guarded << ", \"nan_reruns\": " << nan_reruns
-       << ", \"winograd\": " << winograd << ", \"winograd4\": " << winograd4 << ", \"silu_passes\": " << silu_passes;
+       << ", \"winograd\": " << winograd << ", \"winograd4\": " << winograd4
+       << ", \"silu_passes\": " << silu_passes;
     return os.str();
   }
 };

@@ -202,6 +202,8 @@ class Conv2d : public KernelBase {
 
  protected:
   void DropBound() override { bound_.clear(); }
+  void DropPlans() override { plans_.clear(); }
+  size_t NumPlans() override { return plans_.size(); }
 
   // The call's last step: the SiLU pass where the plan has one.
   void Finish(const Plan& plan, const DLTensor* y, int64_t start) {
@@ -213,8 +215,6 @@ class Conv2d : public KernelBase {
     }
     Done(start);
   }
-  void DropPlans() override { plans_.clear(); }
-  size_t NumPlans() override { return plans_.size(); }
 
  private:
   static bool ShapesAgree(const ConvConfig& cfg, const DLTensor* x, const DLTensor* w,

@@ -290,13 +290,12 @@ class Winograd {
       }
     }
     if (m_ == 4) return TransformTile4(d, c_, v);
-    const float* d4[4][4];
-    for (int i = 0; i < 4; ++i) std::copy(d[i], d[i] + 4, d4[i]);
-    TransformTile(d4, c_, v);
+    TransformTile(d, c_, v);
   }
 
+  // F(2x2): the 4x4 input tile is d's top-left corner.
   __attribute__((target_clones("avx512f", "avx2", "default"))) static void TransformTile(
-      const float* const (*d)[4], int64_t c, float* out) {
+      const float* const (*d)[6], int64_t c, float* out) {
     // one restrict pointer per row read and per matrix written: the loop then vectorizes
     // (the rows of the padding are the same zeros, only read)
     const float* __restrict__ d00 = d[0][0];
