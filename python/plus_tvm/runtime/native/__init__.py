@@ -174,16 +174,10 @@ def build() -> str:
         No compiler, no oneDNN, or the compilation failed (the message names the log).
     """
     tools = _toolchain()
-    folder = Path(build_dir()) / _key(tools)
-    library = folder / "plus_native.so"
-    if library.exists():
-        return str(library)
-    folder.mkdir(parents=True, exist_ok=True)
-    with _file_lock(folder / "build.lock"):
-        if library.exists():  # another process built it while we waited
-            return str(library)
-        partial = folder / f"plus_native.{os.getpid()}.so"
-        command = [
+    return compile_library(
+        Path(build_dir()) / _key(tools),
+        "plus_native.so",
+        [
             tools["compiler"],
             *COMPILE_FLAGS,
             *[str(SOURCE_DIR / name) for name in SOURCES if name.endswith(".cc")],
@@ -196,14 +190,28 @@ def build() -> str:
             "-l:libdnnl.so.3",
             f"-Wl,-rpath,{tools['onednn_lib']}",
             f"-Wl,-rpath,{Path(tools['ffi_lib']).parent}",
-            "-o",
-            str(partial),
-        ]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        ],
+    )
+
+
+def compile_library(folder: Path, name: str, command: list[str]) -> str:
+    """``folder/name``, compiled first with ``command`` (``-o`` and the output are appended)
+    unless it exists; processes building at once build once. Raises
+    :class:`NativeUnavailableError` naming the log when the compiler fails."""
+    library = folder / name
+    if library.exists():
+        return str(library)
+    folder.mkdir(parents=True, exist_ok=True)
+    with _file_lock(folder / "build.lock"):
+        if library.exists():  # another process built it while we waited
+            return str(library)
+        partial = folder / f"{library.stem}.{os.getpid()}{library.suffix}"
+        full = [*command, "-o", str(partial)]
+        result = subprocess.run(full, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             log = folder / "build.log"
-            log.write_text(" ".join(command) + "\n\n" + result.stdout + result.stderr)
-            raise NativeUnavailableError(f"compiling the native kernels failed (see {log})")
+            log.write_text(" ".join(full) + "\n\n" + result.stdout + result.stderr)
+            raise NativeUnavailableError(f"compiling {name} failed (see {log})")
         os.replace(partial, library)
     return str(library)
 
