@@ -134,7 +134,9 @@ class CompiledModel:
         # parallel loops of the generated kernels on OpenMP's pool, as compiled for
         # (``Options.cpu_parallel``; runtime/native/parallel_launch.cc)
         options = stats.get("options") if isinstance(stats, dict) else None
-        self._openmp = _is_cpu(self.device) and (options or {}).get("cpu_parallel") == "openmp"
+        self._cpu = _is_cpu(self.device)
+        self._openmp = self._cpu and (options or {}).get("cpu_parallel") == "openmp"
+        self._device_seen = False
 
     # ----------------------------------------------------------------------------- running
     def __call__(self, *inputs: object) -> np.ndarray | tuple[np.ndarray, ...]:
@@ -152,22 +154,24 @@ class CompiledModel:
 
     def run_prepared(self, prepared: list) -> object:
         """Run on inputs from :meth:`prepare`; returns TVM tensors (synchronised)."""
-        vm, weights = self._vm()
+        _, weights = self._vm()
+        main = self._local.main
         if self._openmp:
             before = native.use_openmp(True)
             try:
-                out = vm["main"](*prepared, *weights)
+                out = main(*prepared, *weights)
             finally:
                 native.use_openmp(before)
         else:
-            out = vm["main"](*prepared, *weights)
-        self.device.sync()
+            out = main(*prepared, *weights)
+        if not self._cpu:  # (a CPU call has returned when its results are written)
+            self.device.sync()
         return out
 
     def _vm(self) -> tuple:
         """This thread's VM and the shared weights on the device (weights refreshed when the
         torch parameters they came from changed in place)."""
-        if not self.device.exist:
+        if not self._device_seen and not self.device.exist:
             raise PlusError(
                 f"cannot run a model compiled for {target_name(self.target)}: "
                 f"no {self.device} on this machine (export_library works without one)"
@@ -176,11 +180,13 @@ class CompiledModel:
         vm = getattr(self._local, "vm", None)
         if vm is None:
             with self._lock:  # VM construction reads the shared executable
-                if _is_cpu(self.device):
+                if self._cpu:
                     # the VM resolves kernel names when it is built, and the JIT module starts
                     # with the parallel launch in force then
                     use_native()
                 vm = self._local.vm = VirtualMachine(self.executable, self.device)
+                self._local.main = vm["main"]  # (a lookup through the FFI: once, not per call)
+        self._device_seen = True  # (a device does not go away under a process)
         return vm, weights
 
     def _current_weights(self) -> list:
