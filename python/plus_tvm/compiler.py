@@ -39,7 +39,7 @@ from .pipeline import (
     tvm_pre_lowering_passes,
 )
 from .signature import InputSpec
-from .stats import FusionRecorder, contraction_flops, count_ops, kernel_stats
+from .stats import FusionRecorder, contraction_flops, count_ops, host_nodes, kernel_stats
 from .target import resolve_target, target_name
 
 __all__ = ["CompiledModel", "InputSpec", "compile", "input_specs", "inspect", "load"]
@@ -127,6 +127,7 @@ def pre_lowering(
         **({"fusion_cost": recorder.fusion_cost} if recorder.fusion_cost is not None else {}),
         **({"schedule": recorder.schedule} if recorder.schedule is not None else {}),
         "kernel_names": kstats["kernel_names"],
+        **({"host_nodes": hosts} if (hosts := host_nodes(loaded.mod)) else {}),
         **(
             {"cuda_graph": _cuda_graph_stats(mod, target, options)}
             if _graphs(target, pipeline)

@@ -273,20 +273,26 @@ def load_onnx(path_or_proto: str | os.PathLike | onnx.ModelProto) -> onnx.ModelP
 
 def _check_onnx_ops(model: onnx.ModelProto, where: str) -> None:
     from .onnx_import import supported_ops
+    from .onnx_import.host_nodes import supported
 
     known = supported_ops()
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     for index, node in enumerate(model.graph.node):
-        if node.op_type not in known:
+        host = supported(node, opset) if node.op_type not in known else None
+        if host is not None:
             raise UnsupportedOperatorError(
                 f"{where}: unsupported ONNX operator {node.op_type} at node #{index} "
                 f"'{node.name or '(unnamed)'}': neither TVM 0.27's ONNX importer nor plus_tvm "
-                "has a converter for it"
+                f"has a converter for it, and it cannot run on the host: {host}"
             )
 
 
 # -------------------------------------------------------------------------------------- common
 def _detach(mod: tvm.IRModule) -> tuple[tvm.IRModule, Params]:
+    attrs = dict(mod.attrs) if mod.attrs is not None else {}
     mod, detached = relax.frontend.detach_params(mod)
+    for key, value in attrs.items():  # (detach_params drops the module's attributes)
+        mod = mod.with_attr(key, value)
     main = mod["main"]
     num_input = (
         int(main.attrs["num_input"])

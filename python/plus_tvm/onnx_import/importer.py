@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,8 @@ from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 
 from ..errors import TVM_FAILURE, PlusError, UnsupportedOperatorError
+from ..stats import HOST_NODES_ATTR
+from . import host_nodes
 from .converters import CONVERTERS
 from .fold_constants import fold_constants
 
@@ -75,10 +78,15 @@ class _OneNode:
 class PlusONNXImporter(ONNXGraphImporter):
     """TVM's ONNX graph importer with plus_tvm's converters and fixes (module docstring)."""
 
-    def __init__(self, *args, where: str = "model", **kwargs) -> None:
+    def __init__(
+        self, *args, where: str = "model", model: onnx.ModelProto | None = None, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.where = where
         self._domain = ""  # of the node being converted
+        self._model = model  # for host nodes (None: none run on the host)
+        self._types = host_nodes.infer_types(model) if model is not None else {}
+        self.host_nodes: list[str] = []  # "#index 'name' of type Op: why", in graph order
 
     # ------------------------------------------------------------------ initializers
     def _parse_graph_initializers(self, graph) -> None:
@@ -97,7 +105,7 @@ class PlusONNXImporter(ONNXGraphImporter):
     def _check_for_unsupported_ops(self, graph) -> None:
         known = supported_ops()
         for index, node in enumerate(graph.node):
-            if node.op_type not in known:
+            if node.op_type not in known and not self._may_run_on_host(node):
                 raise UnsupportedOperatorError(
                     f"{self.where}: unsupported ONNX operator {_describe(node, index)}: neither "
                     "TVM 0.27's ONNX importer nor plus_tvm has a converter for it"
@@ -116,7 +124,11 @@ class PlusONNXImporter(ONNXGraphImporter):
 
     # ------------------------------------------------------------------------- nodes
     def _construct_nodes(self, graph) -> None:
+        known = supported_ops()
         for index, node in enumerate(graph.node):
+            if node.op_type not in known:  # (_check_for_unsupported_ops let it through)
+                self._on_host(node, index, "no converter for it")
+                continue
             restore = self._shape_inputs_as_tensors(node)
             self._domain = node.domain
             printed = io.StringIO()
@@ -125,14 +137,43 @@ class PlusONNXImporter(ONNXGraphImporter):
                     super()._construct_nodes(_OneNode((node,)))
             except PlusError:
                 raise
-            except TVM_FAILURE as err:  # a converter failing: say which node, op and why
-                raise UnsupportedOperatorError(
-                    f"{self.where}: cannot convert ONNX node {_describe(node, index)} "
-                    f"(opset {self.opset}): {_reason(err)}"
-                ) from err
+            except TVM_FAILURE as err:  # a converter failing: the host, else which node and why
+                for name, value in restore.items():
+                    self._nodes[name] = value
+                restore = {}
+                reason = _reason(err)
+                if not self._may_run_on_host(node):
+                    raise UnsupportedOperatorError(
+                        f"{self.where}: cannot convert ONNX node {_describe(node, index)} "
+                        f"(opset {self.opset}): {reason}"
+                    ) from err
+                self._on_host(node, index, reason)
             finally:
                 for name, value in restore.items():
                     self._nodes[name] = value
+
+    # -------------------------------------------------------------------- host nodes
+    def _may_run_on_host(self, node) -> bool:
+        return self._model is not None and host_nodes.supported(node, self.opset) is None
+
+    def _on_host(self, node, index: int, why: str) -> None:
+        """Run ``node`` through ``plus.onnx_host`` (host_nodes.py), or raise naming it."""
+        inputs = []
+        for name in node.input:
+            value = self._nodes.get(name) if name else None
+            inputs.append(self._shape_tensor(value) if _is_shape(value) else value)
+        try:
+            outs = host_nodes.host_call(
+                self.bb, node, inputs, self._types, self._model, self.opset, f"host{index}"
+            )
+        except host_nodes.NotForHostError as err:
+            raise UnsupportedOperatorError(
+                f"{self.where}: cannot convert ONNX node {_describe(node, index)} "
+                f"(opset {self.opset}): {why}; it cannot run on the host either: {err}"
+            ) from None
+        for name, value in zip([o for o in node.output if o], outs):
+            self._nodes[name] = value
+        self.host_nodes.append(f"{_describe(node, index)}: {why}")
 
     def _shape_inputs_as_tensors(self, node) -> dict[str, relax.Expr]:
         """Give ``node`` its shape-valued inputs as int64 tensors unless its op takes shapes.
@@ -220,7 +261,15 @@ def import_model(
         (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
         1,
     )
+    folded = fold_constants(model)
     importer = PlusONNXImporter(
-        shape_dict, dtype_dict, keep_params_in_input=keep_params_in_input, where=where
+        shape_dict,
+        dtype_dict,
+        keep_params_in_input=keep_params_in_input,
+        where=where,
+        model=folded,
     )
-    return importer.from_onnx(fold_constants(model).graph, opset)
+    mod = importer.from_onnx(folded.graph, opset)
+    if importer.host_nodes:
+        mod = mod.with_attr(HOST_NODES_ATTR, json.dumps(importer.host_nodes))
+    return mod

@@ -26,11 +26,12 @@ import pkgutil
 import tvm_ffi
 
 from ..threads import physical_cores
-from . import cuda_graph, native
+from . import cuda_graph, native, onnx_host
 from ._common import ConfigSpec, LibraryKernel, PrepackCache, to_torch
 from .perf import call_overhead_us, library_gflops, library_time_us
 
-_NOT_KERNELS = frozenset({"cuda_graph", "native", "perf"})  # the runtime's own services
+# the runtime's own services
+_NOT_KERNELS = frozenset({"cuda_graph", "native", "onnx_host", "perf"})
 
 
 def _discover() -> dict[str, LibraryKernel]:
@@ -63,6 +64,7 @@ def register() -> None:
     for name, kernel in KERNELS.items():
         tvm_ffi.register_global_func(name, native.installed(name) or kernel, override=True)
     cuda_graph.register()
+    onnx_host.register()
 
 
 def use_native() -> bool:
