@@ -19,8 +19,8 @@ STAGE_PREFIX = "plus_stage_copy_"  # the name of every staging copy kernel start
 
 def static_shape(ty: object) -> tuple[int, ...] | None:
     """The static shape of a tensor type, or None (symbolic, unknown, not a tensor)."""
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None  # (no shape, or one held by a shape-valued variable)
     dims = []
     for d in ty.shape.values:
         if not isinstance(d, tvm.tirx.IntImm):

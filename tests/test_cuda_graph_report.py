@@ -230,3 +230,14 @@ def test_stats_text_shows_schedules_declines_failures_and_inputs():
     assert "GIR bandwidth 21.5 / 99.0 GB/s, pool launch 30 us" in text
     assert "GIR plans      2 kernel(s) ranked by the learned model, 1 away from" in text
     assert "GIR plan       mean: {'vector': 16, 'serial': True} predicted 2 us" in text
+
+
+def test_static_shape_reads_only_literal_shapes():
+    from plus_tvm.passes._graph_staging import static_shape
+
+    shape_var = relax.Var("s", relax.ShapeType(ndim=2))
+    n = tvm.tirx.Var("n", "int64")
+    assert static_shape(relax.TensorType([2, 3], "float32")) == (2, 3)
+    assert static_shape(relax.TensorType([n, 3], "float32")) is None
+    assert static_shape(relax.TensorType(ndim=2, dtype="float32")) is None
+    assert static_shape(relax.TensorType(shape_var, "float32")) is None  # (raised before)

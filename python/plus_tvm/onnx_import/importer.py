@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -272,4 +273,10 @@ def import_model(
     mod = importer.from_onnx(folded.graph, opset)
     if importer.host_nodes:
         mod = mod.with_attr(HOST_NODES_ATTR, json.dumps(importer.host_nodes))
+        warnings.warn(
+            f"{where}: {len(importer.host_nodes)} ONNX node(s) run on the host through ONNX's "
+            f"reference implementation (numpy, slow): {'; '.join(importer.host_nodes)}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return mod
