@@ -9,6 +9,7 @@ import plus_tvm
 import pytest
 from onnx import TensorProto, helper
 from plus_tvm.errors import UnsupportedOperatorError
+from plus_tvm.report import stats_text
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 RNG = np.random.default_rng(3)
@@ -73,6 +74,8 @@ def test_an_op_without_a_converter_runs_on_the_host():
     with pytest.warns(RuntimeWarning, match=r"1 ONNX node\(s\) run on the host.*my_celu"):
         cm = plus_tvm.compile(model, "llvm")
     assert cm.stats["host_nodes"] == ["#1 'my_celu' of type Celu: no converter for it"]
+    lines = stats_text(cm.stats).splitlines()
+    assert any(ln.startswith("on the host") and "'my_celu' of type Celu" in ln for ln in lines)
     x = RNG.standard_normal((3, 5)).astype(np.float32)
     a = 2 * x
     celu = np.maximum(0, a) + np.minimum(0, alpha * (np.exp(a / alpha) - 1))

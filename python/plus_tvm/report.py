@@ -24,6 +24,8 @@ def stats_text(stats: dict) -> str:
     if stats.get("patterns"):
         pats = ", ".join(f"{k}={v}" for k, v in sorted(stats["patterns"].items()))
         lines.append(f"{'patterns':<{width}}  {pats}")
+    for node in stats.get("host_nodes") or ():
+        lines.append(f"{'on the host':<{width}}  {node}")
     graph = stats.get("cuda_graph")
     if graph and "error" not in graph:
         why = Counter(o["reason"] for o in graph["outside"])
