@@ -129,3 +129,13 @@ def test_a_value_the_reference_refuses_at_run_time_names_the_node():
     x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
     with pytest.raises(RuntimeError, match=r"ReduceSum node sum_it \(run on the host"):
         cm(x, np.array([7], dtype=np.int64))  # no axis 7 in a 3-d tensor
+
+
+def test_a_scalar_host_output_stays_zero_dimensional():
+    node = helper.make_node("Det", ["x"], ["d"], name="det")  # no converter in TVM 0.27
+    model = _model([node], [_info("x", F, [3, 3])], [_info("d", F, [])], opset=13)
+    cm = plus_tvm.compile(model, "llvm")
+    x = RNG.standard_normal((3, 3)).astype(np.float32)
+    got = cm(x)
+    assert got.shape == () and got.dtype == np.float32
+    np.testing.assert_allclose(got, np.linalg.det(x.astype(np.float64)), rtol=1e-4)

@@ -89,7 +89,7 @@ def run(*args: object) -> object:
             f"failed: {type(err).__name__}: {err}"
         ) from None
     results = [
-        tvm.runtime.tensor(np.ascontiguousarray(np.asarray(o, dtype=d)), device)
+        tvm.runtime.tensor(np.asarray(o, dtype=d, order="C"), device)  # (0-d stays 0-d)
         for o, d in zip(outs, node.dtypes)
     ]
     return results[0] if len(results) == 1 else tuple(results)
