@@ -29,7 +29,7 @@ def test_a_config_the_kernel_does_not_take_fails_when_the_call_is_built():
 
 def test_every_kernel_file_holds_one_kernel_and_every_kernel_is_registered():
     for info in pkgutil.iter_modules(runtime.__path__):
-        if info.name.startswith("_") or info.name in ("cuda_graph", "native", "perf"):
+        if info.name.startswith("_") or info.name in runtime._NOT_KERNELS:  # (services)
             continue
         module = importlib.import_module(f"plus_tvm.runtime.{info.name}")
         own = [
