@@ -167,7 +167,7 @@ def _reduce_rank(node: onnx.NodeProto, inputs: list[relax.Expr | None]) -> int |
         return None
     if attrs.get("keepdims", 1):
         return data.ndim
-    if axes.ndim != 1 or axes.shape is None:
+    if axes.ndim != 1 or not isinstance(axes.shape, relax.ShapeExpr):
         return None
     length = axes.shape.values[0]
     if not isinstance(length, tvm.tirx.IntImm):
