@@ -134,7 +134,7 @@ def host_call(
     one.ir_version = model.ir_version
     text = onnx_host.encode(one)
     try:
-        onnx_host.evaluator(text)  # a node the reference cannot even load fails here, not later
+        onnx_host.prepared(text)  # a node the reference cannot even load fails here, not later
     except Exception as err:  # noqa: BLE001 - the reference raises anything on a bad node
         raise NotForHostError(f"ONNX's reference implementation refuses it ({err})") from err
     dtypes = [str(helper.tensor_dtype_to_np_dtype(t.elem)) for t in out_types]

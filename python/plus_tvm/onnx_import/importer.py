@@ -86,7 +86,7 @@ class PlusONNXImporter(ONNXGraphImporter):
         self.where = where
         self._domain = ""  # of the node being converted
         self._model = model  # for host nodes (None: none run on the host)
-        self._types = host_nodes.infer_types(model) if model is not None else {}
+        self._types: dict | None = None  # shape inference's, on the first host node only
         self.host_nodes: list[str] = []  # "#index 'name' of type Op: why", in graph order
 
     # ------------------------------------------------------------------ initializers
@@ -139,9 +139,6 @@ class PlusONNXImporter(ONNXGraphImporter):
             except PlusError:
                 raise
             except TVM_FAILURE as err:  # a converter failing: the host, else which node and why
-                for name, value in restore.items():
-                    self._nodes[name] = value
-                restore = {}
                 reason = _reason(err)
                 if not self._may_run_on_host(node):
                     raise UnsupportedOperatorError(
@@ -163,6 +160,8 @@ class PlusONNXImporter(ONNXGraphImporter):
         for name in node.input:
             value = self._nodes.get(name) if name else None
             inputs.append(self._shape_tensor(value) if _is_shape(value) else value)
+        if self._types is None:
+            self._types = host_nodes.infer_types(self._model)
         try:
             outs = host_nodes.host_call(
                 self.bb, node, inputs, self._types, self._model, self.opset, f"host{index}"

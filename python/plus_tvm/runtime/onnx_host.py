@@ -73,12 +73,18 @@ def evaluator(text: str) -> HostNode:
 _EVALUATORS = _Evaluators()
 
 
+def prepared(text: str) -> HostNode:
+    """The :class:`HostNode` of ``text``, made once per process (the importer makes it to check
+    the node, and the calls reuse it)."""
+    return _EVALUATORS.get(text)
+
+
 def run(*args: object) -> object:
     """``plus.onnx_host(*inputs, model)``: the node's outputs (one tensor, or a tuple)."""
     import tvm
 
     *tensors, text = args
-    node = _EVALUATORS.get(str(text))
+    node = prepared(str(text))
     device = tensors[0].device if tensors else tvm.cpu()
     feeds = {name: t.numpy() for name, t in zip(node.inputs, tensors)}
     try:

@@ -119,22 +119,28 @@ def _distribution_dir(package: str, suffix: str) -> Path:
     raise NativeUnavailableError(f"the {package} package has no {suffix}")
 
 
+def compiler() -> tuple[str, str]:
+    """The C++ compiler (``$CXX``, default ``c++``) and the first line of its ``--version``."""
+    path = shutil.which(os.environ.get("CXX", "c++"))
+    if path is None:
+        raise NativeUnavailableError(f"no C++ compiler ({os.environ.get('CXX', 'c++')}) on PATH")
+    version = subprocess.run(
+        [path, "--version"], capture_output=True, text=True, check=False
+    ).stdout.splitlines()[:1]
+    return path, version[0] if version else ""
+
+
 def _toolchain() -> dict[str, str]:
     """Compiler, include and library folders, and what identifies them (for the cache key)."""
     import tvm_ffi.libinfo
 
-    compiler = shutil.which(os.environ.get("CXX", "c++"))
-    if compiler is None:
-        raise NativeUnavailableError(f"no C++ compiler ({os.environ.get('CXX', 'c++')}) on PATH")
+    cxx, cxx_version = compiler()
     lib = _distribution_dir(ONEDNN_PACKAGE, "libdnnl.so.3")
     include = _distribution_dir(ONEDNN_HEADERS_PACKAGE, "oneapi/dnnl/dnnl.hpp").parent.parent
     ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi()).resolve()
-    version = subprocess.run(
-        [compiler, "--version"], capture_output=True, text=True, check=False
-    ).stdout.splitlines()[:1]
     return {
-        "compiler": compiler,
-        "compiler_version": version[0] if version else "",
+        "compiler": cxx,
+        "compiler_version": cxx_version,
         "onednn_include": str(include),
         "onednn_lib": str(lib),
         "onednn_version": importlib.metadata.version(ONEDNN_PACKAGE),

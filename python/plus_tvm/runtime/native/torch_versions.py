@@ -14,9 +14,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import os
-import shutil
-import subprocess
 import sys
 import sysconfig
 import threading
@@ -25,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import SOURCE_DIR, NativeUnavailableError, build_dir, compile_library, enabled
+from . import SOURCE_DIR, NativeUnavailableError, build_dir, compile_library, compiler, enabled
 
 SOURCE = "torch_versions.cc"
 FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-w")
@@ -47,18 +44,13 @@ def _command() -> tuple[list[str], str]:
     """The compile command (without its output) and the key naming its build folder."""
     import torch
 
-    compiler = shutil.which(os.environ.get("CXX", "c++"))
-    if compiler is None:
-        raise NativeUnavailableError("no C++ compiler on PATH")
+    cxx, version = compiler()
     torch_dir = Path(torch.__file__).resolve().parent
     include, lib = torch_dir / "include", torch_dir / "lib"
     if not (include / "torch" / "csrc" / "autograd" / "python_variable.h").exists():
         raise NativeUnavailableError(f"torch's C++ headers are not under {include}")
-    version = subprocess.run(
-        [compiler, "--version"], capture_output=True, text=True, check=False
-    ).stdout.splitlines()[:1]
     command = [
-        compiler,
+        cxx,
         *FLAGS,
         str(SOURCE_DIR / SOURCE),
         f"-I{include}",
