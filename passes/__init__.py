@@ -1,18 +1,7 @@
 """Relax passes of plus_tvm, one pass per file, each named after its class.
 
-Paper map (the pipeline's order is ``plus_tvm.pipeline``):
-
-- paper 000, PluS: ``PlusDispatch`` (identify +Graphs, bind library calls), ``MergeSiblingLinears``,
-  and the canonicalizations that bring every form of a pattern to one warehouse entry
-  (``CanonicalizeSDPA``, ``CanonicalizeBatchMatmul``, ``SinkRowReshapes``, ``Conv1dAsConv2d``,
-  ``GlobalPoolToMean``, ``FoldPadIntoConv``, ``ConvertToChannelsLast``, ``SimplifyViews``);
-- paper 004, mapping types: ``AnnotateMapPattern``, ``DPFuseOps``;
-- paper 002, PowerFusion: ``ApplyScheduleRules`` (with the GIR rules of ``plus_tvm.schedules``);
-- paper 001, PyGraph, and paper 003 section 4.5: ``DeclareCaptureVars``, ``StageGraphInputs``,
-  ``StageGraphOutputs``, ``RewriteViewBuiltins``, ``RewriteCUDAGraph``,
-  ``SelectCUDAGraphRegions``, ``RouteCUDAGraphRuntime``;
-- correctness and clean-up, no paper: ``ProveSlicesInbound``, ``FullAsBroadcast``,
-  ``FoldStaticSubgraphs``, ``WrapTakeIndices``, ``ExpandIntegerPower``, ``PropagateNaN``.
+The pipeline's order, and why each pass is where it is, are the phase lists of
+``plus_tvm.pipeline``; which paper each belongs to is the README's map.
 """
 
 from .annotate_map_pattern import AnnotateMapPattern

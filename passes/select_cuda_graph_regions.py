@@ -12,12 +12,17 @@ on first call (``RouteCUDAGraphRuntime``) can only drop a kept region, never add
 
 from __future__ import annotations
 
+import json
+
 import tvm
 from tvm import relax
 
 from ..costmodel import GraphCost
 from ._capture_calls import bindings, capture_call, rewrite_capture_calls
 from ._graph_staging import is_kernel_call, is_library_call, staging_copies, tensor_bytes
+
+#: the module attribute holding the selection's estimates (JSON)
+SELECTION_ATTR = "plus.cuda_graph_selection"
 
 
 @tvm.transform.module_pass(opt_level=0, name="SelectCUDAGraphRegions")
@@ -33,11 +38,10 @@ class SelectCUDAGraphRegions:
     cost : GraphCost
         Launch and copy costs of the estimate.
 
-    Attributes
-    ----------
-    decisions : list of dict
-        After a run: per region its name, kernels, library calls, estimated saving (us) and
-        whether it was kept; ``staging_us`` and ``plain`` (nothing kept) in ``summary``.
+    The result carries the module attribute ``plus.cuda_graph_selection`` (JSON,
+    :data:`SELECTION_ATTR`): ``staging_us``, ``saving_us``, ``plain`` (nothing kept) and
+    ``regions``, per region its name, kernels, library calls, estimated saving (us) and
+    whether it was kept (``stats["cuda_graph"]["selection"]``).
     """
 
     def __init__(
@@ -49,12 +53,10 @@ class SelectCUDAGraphRegions:
         self.capture = capture
         self.plain = plain
         self.cost = cost or GraphCost()
-        self.decisions: list[dict[str, object]] = []
-        self.summary: dict[str, object] = {}
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         captured = tvm.transform.Sequential(self.capture)(mod)
-        self.decisions = []
+        decisions: list[dict[str, object]] = []
         saving = {}
         regions = [
             capture.region
@@ -67,7 +69,7 @@ class SelectCUDAGraphRegions:
             kernels = sum(is_kernel_call(v, captured) for v in inner)
             library = sum(is_library_call(v) for v in inner)
             saving[region] = self.cost.region_saving_us(kernels, library)
-            self.decisions.append(
+            decisions.append(
                 {
                     "region": region.name_hint,
                     "kernels": kernels,
@@ -84,22 +86,26 @@ class SelectCUDAGraphRegions:
         staging = self.cost.staging_us(copied)
         kept = sum(s for s in saving.values() if s > 0)
         plain = kept <= staging
-        self.summary = {
+        if plain:
+            for d in decisions:
+                d["kept"] = False
+        selection = {
             "staging_us": round(staging, 2),
             "saving_us": round(kept, 2),
             "plain": plain,
+            "regions": decisions,
         }
         if plain:
-            for d in self.decisions:
-                d["kept"] = False
-            return tvm.transform.Sequential(self.plain)(mod)
+            out = tvm.transform.Sequential(self.plain)(mod)
+            return out.with_attr(SELECTION_ATTR, json.dumps(selection))
 
         def uncapture(call: relax.Call, capture) -> relax.Expr | None:
             if saving[capture.region] > 0:
                 return None
             return relax.Call(capture.region, list(capture.args.fields))
 
-        return rewrite_capture_calls(captured, uncapture)
+        out = rewrite_capture_calls(captured, uncapture)
+        return out.with_attr(SELECTION_ATTR, json.dumps(selection))
 
 
 def _relax_functions(mod: tvm.IRModule) -> list[relax.Function]:

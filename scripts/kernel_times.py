@@ -19,10 +19,10 @@ import sys
 import numpy as np
 import plus_tvm
 import tvm
+from plus_tvm.compile_inputs import resolve_inputs
 from plus_tvm.compiler import pre_lowering
 from plus_tvm.kernel_timing import random_args, signatures
 from plus_tvm.loader import load_model
-from plus_tvm.pipeline import resolve_inputs
 from plus_tvm.runtime import native
 from plus_tvm.target import resolve_target
 

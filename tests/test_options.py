@@ -176,9 +176,9 @@ def test_gir_choices_and_targets():
 def test_resolve_inputs_reads_the_environment_once_into_fields(tmp_path, monkeypatch):
     """$PLUS_TVM_WAREHOUSE, the GIR model's bandwidths and TVM's pool size become fields of the
     options a compile runs with, so the digest changes with them; set fields are kept."""
+    from plus_tvm.compile_inputs import resolve_inputs
     from plus_tvm.gir.model import cpu_figures, runtime_threads
     from plus_tvm.pattern_warehouse import ENV_VAR
-    from plus_tvm.pipeline import resolve_inputs
     from plus_tvm.target import resolve_target
 
     llvm = resolve_target("llvm")
@@ -208,8 +208,8 @@ def test_resolve_inputs_reads_the_environment_once_into_fields(tmp_path, monkeyp
 def test_stats_name_the_resolved_inputs_and_the_gir_model_reads_them(monkeypatch):
     """What a compile read is in stats["options"]; the GIR rule plans with those figures."""
     import plus_tvm
+    from plus_tvm.compile_inputs import gir_machine
     from plus_tvm.pattern_warehouse import ENV_VAR
-    from plus_tvm.pipeline import gir_machine
     from plus_tvm.target import resolve_target
     from torch import nn
 

@@ -188,8 +188,8 @@ def test_a_compiled_model_from_several_threads_on_openmp():
 
 
 def test_cpu_parallel_is_checked_and_resolved(monkeypatch):
+    from plus_tvm.compile_inputs import resolve_inputs
     from plus_tvm.gir.model import cpu_figures, runtime_threads
-    from plus_tvm.pipeline import resolve_inputs
 
     with pytest.raises(OptionsError, match="cpu_parallel"):
         plus_tvm.Options(cpu_parallel="tbb")

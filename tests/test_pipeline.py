@@ -14,8 +14,9 @@ import pytest
 import tvm
 from plus_tvm import Options
 from plus_tvm.passes import ApplyScheduleRules
-from plus_tvm.pipeline import PHASE_NAMES, PHASES, phase_passes, tvm_pipeline
+from plus_tvm.pipeline import PHASE_NAMES, PHASES, phase_passes
 from plus_tvm.target import host_target
+from plus_tvm.tvm_default import tvm_pipeline
 from tvm import relax
 from tvm.s_tir import dlight as dl
 from tvm.script import ir as I

@@ -131,13 +131,16 @@ def test_external_weights_follow_in_place_updates(exported):
 def test_kernels_are_timed_one_by_one_on_the_runtime_alone(tmp_path):
     """gpu_check --kernels: shapes recorded with the compiler, kernels timed without it."""
     from plus_tvm import Options
+    from plus_tvm.compile_inputs import resolve_inputs
     from plus_tvm.compiler import pre_lowering
     from plus_tvm.kernel_timing import signatures
     from plus_tvm.loader import load_model
     from plus_tvm.target import resolve_target
 
     model, inputs = zoo.load("resnet50-tiny")
-    mod, _ = pre_lowering(load_model(model, inputs), resolve_target("llvm"), Options(), "plus")
+    tgt = resolve_target("llvm")
+    options = resolve_inputs(tgt, Options())
+    mod, _ = pre_lowering(load_model(model, inputs), tgt, options, "plus")
     sigs = signatures(mod)
     assert "max_pool2d" in sigs and sigs["max_pool2d"]["launches"] == 1
     path = str(tmp_path / "resnet.so")

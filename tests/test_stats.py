@@ -155,7 +155,7 @@ def test_fused_groups_empty_before_fusion():
 
 
 def test_fusion_recorder_records_groups():
-    recorder = stats.FusionRecorder()
+    recorder = stats.PipelineRecorder()
     legal = _legalize(Chain)
     with _context_with(recorder):
         relax.transform.LegalizeOps()(Chain)  # not a fusion pass: records nothing
@@ -165,7 +165,7 @@ def test_fusion_recorder_records_groups():
 
 
 def test_fusion_recorder_custom_pass_names():
-    recorder = stats.FusionRecorder(fusion_passes=("SomethingElse",))
+    recorder = stats.PipelineRecorder(fusion_passes=("SomethingElse",))
     with _context_with(recorder):
         relax.transform.FuseOps()(_legalize(Chain))
     assert recorder.groups == []

@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 
 from . import interrupt
+from .compile_inputs import resolve_inputs
 from .compiled_model import CompiledModel, WeightSource, load, share_tied_weights
 from .cuda_graph_report import cuda_graph_report
 from .errors import (
@@ -30,17 +31,11 @@ from .frontend import num_inputs
 from .index_inputs import index_input_ranges
 from .loader import LoadedModel, load_model
 from .options import Options
-from .pipeline import (
-    PHASE_NAMES,
-    dump_phase,
-    phase_passes,
-    resolve_inputs,
-    tvm_post_lowering_passes,
-    tvm_pre_lowering_passes,
-)
+from .pipeline import PHASE_NAMES, dump_phase, phase_passes
 from .signature import InputSpec
-from .stats import FusionRecorder, contraction_flops, count_ops, host_nodes, kernel_stats
+from .stats import PipelineRecorder, contraction_flops, count_ops, host_nodes, kernel_stats
 from .target import resolve_target, target_name
+from .tvm_default import tvm_post_lowering_passes, tvm_pre_lowering_passes
 
 __all__ = ["CompiledModel", "InputSpec", "compile", "input_specs", "inspect", "load"]
 
@@ -90,15 +85,17 @@ def pre_lowering(
     options: Options,
     pipeline: str,
     dumper: _PhaseDumper | None = None,
+    recorder: PipelineRecorder | None = None,
 ) -> tuple[tvm.IRModule, dict[str, object]]:
     """Run phases 1-4 (or TVM's equivalent) on a loaded model and collect the statistics: the
-    module :func:`compile` hands to code generation, and :func:`inspect`'s stats (with the
-    options resolved by :func:`plus_tvm.pipeline.resolve_inputs`)."""
+    module :func:`compile` hands to code generation, and :func:`inspect`'s stats.
+
+    ``options`` are the resolved ones (:func:`plus_tvm.compile_inputs.resolve_inputs`): they
+    are used as given. ``recorder`` collects the passes' reports (a new one if not given)."""
     if pipeline not in PIPELINES:
         raise PlusError(f"unknown pipeline {pipeline!r}; choose one of {list(PIPELINES)}")
-    options = resolve_inputs(target, options)
     start = time.perf_counter()
-    recorder = FusionRecorder()
+    recorder = recorder or PipelineRecorder()
     tracker = _PassTracker()
     instruments = [recorder, tracker] + ([dumper] if dumper is not None else [])
     passes = (
@@ -128,11 +125,6 @@ def pre_lowering(
         **({"schedule": recorder.schedule} if recorder.schedule is not None else {}),
         "kernel_names": kstats["kernel_names"],
         **({"host_nodes": hosts} if (hosts := host_nodes(loaded.mod)) else {}),
-        **(
-            {"cuda_graph": _cuda_graph_stats(mod, target, options)}
-            if _graphs(target, pipeline)
-            else {}
-        ),
         "options": options.to_dict(),
         "compile_s": time.perf_counter() - start,
     }
@@ -143,16 +135,28 @@ def _graphs(target: tvm.target.Target, pipeline: str) -> bool:
     return pipeline == "plus" and target.kind.name == "cuda"
 
 
-def _cuda_graph_stats(
-    mod: tvm.IRModule, target: tvm.target.Target, options: Options
-) -> dict[str, object]:
-    """``stats["cuda_graph"]``; a rewrite TVM refuses is reported there, never fatal (the build
-    itself runs the same passes only with ``cuda_graph=always``)."""
+def _post_lowering(
+    mod: tvm.IRModule, target: tvm.target.Target, options: Options, instruments: list
+) -> tvm.IRModule:
+    """Phases 5-6 as Relax passes only (no code generation): what :func:`inspect` runs to see
+    the CUDA-graph passes' result."""
+    tracker = _PassTracker()
+    with _context([*instruments, tracker]), target, _naming_the_pass(tracker):
+        return tvm.transform.Sequential(phase_passes(target, options, _POST))(mod)
+
+
+def _cuda_graph_stats(recorder: PipelineRecorder, options: Options) -> dict[str, object]:
+    """``stats["cuda_graph"]`` from what the build's CUDA-graph passes recorded; an analysis
+    TVM refuses is reported there, never fatal."""
     try:
-        return cuda_graph_report(mod, target, options)
+        return cuda_graph_report(recorder.captured, options.cuda_graph)
     except TVM_REFUSAL as err:
-        first = str(err).strip().splitlines()[-1:] or [type(err).__name__]
-        return {"mode": options.cuda_graph, "error": f"capture analysis failed: {first[0]}"}
+        return _refused(options, err)
+
+
+def _refused(options: Options, err: Exception) -> dict[str, object]:
+    first = str(err).strip().splitlines()[-1:] or [type(err).__name__]
+    return {"mode": options.cuda_graph, "error": f"capture analysis failed: {first[0]}"}
 
 
 def _context(instruments: list) -> tvm.transform.PassContext:
@@ -238,8 +242,20 @@ def inspect(
         if options.dump_ir:
             _writable_folder(options.dump_ir, "dump_ir")
         loaded = load_model(mod_or_model, example_args)
+        tgt = resolve_target(target)
+        options = resolve_inputs(tgt, options)
         dumper = _PhaseDumper(options.dump_ir) if options.dump_ir else None
-        _, stats = pre_lowering(loaded, resolve_target(target), options, pipeline, dumper)
+        recorder = PipelineRecorder()
+        mod, stats = pre_lowering(loaded, tgt, options, pipeline, dumper, recorder)
+        if _graphs(tgt, pipeline):  # the CUDA-graph passes run for their report
+            try:
+                _post_lowering(mod, tgt, options, [recorder, *([dumper] if dumper else [])])
+            except InternalCompileError as err:
+                if not isinstance(err.__cause__, TVM_REFUSAL):
+                    raise
+                stats["cuda_graph"] = _refused(options, err.__cause__)  # as the build would
+            else:
+                stats["cuda_graph"] = _cuda_graph_stats(recorder, options)
         return stats
 
 
@@ -292,16 +308,19 @@ def _compile(
     start = time.perf_counter()
     options = resolve_inputs(tgt, options)
     dumper = _PhaseDumper(options.dump_ir) if options.dump_ir else None
-    mod, stats = pre_lowering(loaded, tgt, options, pipeline, dumper)
+    recorder = PipelineRecorder()
+    mod, stats = pre_lowering(loaded, tgt, options, pipeline, dumper, recorder)
     post = (
         phase_passes(tgt, options, _POST) if pipeline == "plus" else tvm_post_lowering_passes(tgt)
     )
     tracker = _PassTracker()
-    instruments = [tracker] + ([dumper] if dumper is not None else [])
+    instruments = [recorder, tracker] + ([dumper] if dumper is not None else [])
     with _context(instruments), _naming_the_pass(tracker, codegen=True):
         executable = tvm.compile(
             mod, tgt, relax_pipeline=tvm.transform.Sequential(post, name=f"{pipeline}.post")
         )
+    if _graphs(tgt, pipeline):
+        stats["cuda_graph"] = _cuda_graph_stats(recorder, options)
     stats["compile_s"] = round(time.perf_counter() - start, 3)
     params = [loaded.params[name] for name in weight_names]
     sources = [

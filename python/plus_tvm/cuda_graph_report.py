@@ -1,8 +1,10 @@
 """``stats["cuda_graph"]``: what CUDA-graph capture covers in a CUDA build, and why the rest not.
 
-The report is read off the module phase 6's CUDA-graph passes produce (staging, memory planning,
-TVM's ``RewriteCUDAGraph``, with ``auto`` the selection), without generating code, so
-``plus-tvm inspect MODEL --target cuda`` prints it on a machine without a GPU. A capture region is
+The report is read off the module the pipeline's phase 6 recorded right after its CUDA-graph
+passes (staging, memory planning, TVM's ``RewriteCUDAGraph``, with ``auto`` the selection, whose
+estimates ``SelectCUDAGraphRegions`` leaves in a module attribute): nothing is run again, and
+``plus-tvm inspect MODEL --target cuda`` runs the Relax passes without generating code, so it
+prints the report on a machine without a GPU. A capture region is
 a function that ``main`` hands to ``run_or_capture``; its kernels (calls of PrimFuncs) and
 library calls (``call_packed`` of a library kernel) are captured. The staging copies (one per
 staged input or output, PyGraph 4.1) are not model kernels: they are counted in
@@ -22,17 +24,18 @@ replay into; the memory a capture takes on the GPU is in ``plus_tvm.runtime.cuda
 ``not_rerun_safe`` names the regions flagged as overwriting a tensor they read (``rerun_safe``): a
 capture failing there fails its call (later calls run without the graph). Weights are static
 arguments of the graphs (``num_input``): never copied on replay.
-The plan reported is the one this build's mode makes (``cuda_graph=off`` reports the ``auto``
-plan); ``enabled`` says whether this build uses it.
+A ``cuda_graph=off`` build runs no capture pass: its report says so (``enabled`` false) and
+nothing more.
 """
 
 from __future__ import annotations
+
+import json
 
 import tvm
 from tvm import relax
 
 from .frontend import num_inputs
-from .options import Options
 from .passes._capture_calls import bindings, capture_call
 from .passes._graph_staging import (
     STAGE_PREFIX,
@@ -41,40 +44,34 @@ from .passes._graph_staging import (
     static_shape,
     tensor_bytes,
 )
+from .passes.select_cuda_graph_regions import SELECTION_ATTR
 from .runtime.cuda_graph import FLAG_NO_RERUN
 
 GET_CACHED_ALLOC = "vm.builtin.cuda_graph.get_cached_alloc"
 NOT_WORTH = "not worth a graph (estimate)"
 
 
-def cuda_graph_report(
-    mod: tvm.IRModule, target: tvm.target.Target, options: Options
-) -> dict[str, object]:
-    """The capture report of a module after phases 1-4 (dataflow form), for ``target``.
+def cuda_graph_report(captured: tvm.IRModule | None, mode: str) -> dict[str, object]:
+    """The capture report of a CUDA build.
 
     Parameters
     ----------
-    mod : tvm.IRModule
-        The module the pre-lowering phases returned.
-    target : tvm.target.Target
-        A CUDA target.
-    options : Options
-        The build's options (``cuda_graph`` gives the plan and ``enabled``).
+    captured : tvm.IRModule or None
+        The module as phase 6's CUDA-graph passes left it (``RouteCUDAGraphRuntime``'s
+        result); None where the build ran none (``cuda_graph=off``).
+    mode : str
+        The build's ``cuda_graph`` option.
     """
-    from .passes import SelectCUDAGraphRegions
-    from .pipeline import capture_passes, lower_phase
-
-    planned = options if options.cuda_graph != "off" else options.replace(cuda_graph="auto")
-    capture = capture_passes(target, planned)
-    with target:
-        lowered = tvm.transform.Sequential(lower_phase(target, planned) + capture)(mod)
-    report = _analyse(lowered, options.cuda_graph)
-    for p in capture:
-        if isinstance(p, SelectCUDAGraphRegions):
-            report["selection"] = {**p.summary, "regions": p.decisions}
-            if p.summary.get("plain"):
-                for item in report["outside"]:
-                    item["reason"] = NOT_WORTH
+    if captured is None:
+        return {"mode": mode, "enabled": False}
+    report = _analyse(captured, mode)
+    attrs = captured.attrs if captured.attrs is not None else {}
+    selection = attrs.get(SELECTION_ATTR)
+    if selection is not None:
+        report["selection"] = json.loads(str(selection))
+        if report["selection"].get("plain"):
+            for item in report["outside"]:
+                item["reason"] = NOT_WORTH
     return report
 
 

@@ -27,10 +27,12 @@ def stats_text(stats: dict) -> str:
     for node in stats.get("host_nodes") or ():
         lines.append(f"{'on the host':<{width}}  {node}")
     graph = stats.get("cuda_graph")
-    if graph and "error" not in graph:
+    if graph and not graph.get("enabled", True):
+        lines.append(f"{'cuda_graph':<{width}}  off in this build (cuda_graph=off)")
+    elif graph and "error" not in graph:
         why = Counter(o["reason"] for o in graph["outside"])
         outside = ", ".join(f"{n} {reason}" for reason, n in why.most_common()) or "none"
-        mode = graph["mode"] if graph["enabled"] else "off in this build"
+        mode = graph["mode"]
         lines.append(
             f"{'cuda_graph':<{width}}  {graph['kernels_captured']}/{graph['kernels']} kernels in "
             f"{graph['regions']} region(s) ({mode});"

@@ -171,8 +171,10 @@ def fused_groups(mod: tvm.IRModule) -> list[dict[str, object]]:
 
 
 @tvm.instrument.pass_instrument
-class FusionRecorder:
-    """Pass instrument that records the fused groups right after a fusion pass runs.
+class PipelineRecorder:
+    """Pass instrument that records what the pipeline's passes report as they run: the fused
+    groups right after a fusion pass, the dispatch and schedule reports, the module after the
+    CUDA-graph passes (``stats["cuda_graph"]`` reads it).
 
     Parameters
     ----------
@@ -187,8 +189,12 @@ class FusionRecorder:
         self.fusion_cost: dict[str, object] | None = None
         self.dispatch: dict[str, object] | None = None
         self.schedule: dict[str, object] | None = None
+        #: the module right after phase 6's CUDA-graph passes (None: they did not run)
+        self.captured: tvm.IRModule | None = None
 
     def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+        if info.name == "RouteCUDAGraphRuntime":
+            self.captured = mod
         if info.name == "ApplyScheduleRules":
             report = mod.attrs.get("plus.schedule") if mod.attrs is not None else None
             self.schedule = json.loads(str(report)) if report is not None else None

@@ -86,8 +86,8 @@ class Calibrator:
     """Measures programs on one target (see the module docstring)."""
 
     def __init__(self, target: tvm.target.Target, min_ms: float = 20.0) -> None:
+        from ..compile_inputs import resolve_inputs
         from ..gir.model import runtime_threads, target_lanes
-        from ..pipeline import resolve_inputs
 
         self.target = target
         self.dev = device_for(target)
@@ -241,9 +241,9 @@ class Calibrator:
         statically shaped kernel of ``fused`` that GIR plans in more than one way, each plan
         lowered as ``GIRLLVM`` lowers it and timed alone (``plan`` = its rank by the
         performance model; ``kernel`` names the kernel the plans share)."""
+        from ..compile_inputs import gir_machine
         from ..gir.search import candidate_plans
         from ..passes import ExpandIntegerPower
-        from ..pipeline import gir_machine
         from ..schedules import GIRLLVM
         from .gir_cost import TOP
 

@@ -159,17 +159,15 @@ def build_bundle(
 
 def _kernel_signatures(model: object, example: list, target: dict, variant: Variant) -> dict:
     """The TIR kernels of ``variant``'s build and their argument shapes (phases 1-4 again)."""
+    from ..compile_inputs import resolve_inputs
     from ..compiler import pre_lowering
     from ..kernel_timing import signatures
     from ..loader import load_model
     from ..target import resolve_target
 
-    mod, _ = pre_lowering(
-        load_model(model, example),
-        resolve_target(target),
-        variant.options or Options(),
-        variant.pipeline,
-    )
+    tgt = resolve_target(target)
+    options = resolve_inputs(tgt, variant.options or Options())
+    mod, _ = pre_lowering(load_model(model, example), tgt, options, variant.pipeline)
     return signatures(mod)
 
 
