@@ -29,9 +29,10 @@ from .errors import (
 )
 from .frontend import num_inputs
 from .index_inputs import index_input_ranges
+from .ir_dump import PhaseDumper
 from .loader import LoadedModel, load_model
 from .options import Options
-from .pipeline import PHASE_NAMES, dump_phase, phase_passes
+from .pipeline import PHASE_NAMES, phase_passes
 from .signature import InputSpec
 from .stats import PipelineRecorder, contraction_flops, count_ops, host_nodes, kernel_stats
 from .target import resolve_target, target_name
@@ -84,7 +85,7 @@ def pre_lowering(
     target: tvm.target.Target,
     options: Options,
     pipeline: str,
-    dumper: _PhaseDumper | None = None,
+    dumper: PhaseDumper | None = None,
     recorder: PipelineRecorder | None = None,
 ) -> tuple[tvm.IRModule, dict[str, object]]:
     """Run phases 1-4 (or TVM's equivalent) on a loaded model and collect the statistics: the
@@ -209,21 +210,6 @@ def _naming_the_pass(tracker: _PassTracker, codegen: bool = False):
         raise InternalCompileError(f"internal error in {where}: {reason}") from err
 
 
-@tvm.instrument.pass_instrument
-class _PhaseDumper:
-    """Writes the IR after each pipeline phase to ``<folder>/<n>_<phase>.py``, numbered in
-    pipeline order across the two halves that :func:`compile` runs."""
-
-    def __init__(self, folder: str) -> None:
-        self.folder = folder
-        self.count = 0
-
-    def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
-        if info.name.startswith("plus.") and info.name[5:] in PHASE_NAMES:
-            self.count += 1
-            dump_phase(self.folder, self.count, info.name, mod)
-
-
 def inspect(
     mod_or_model: object,
     target: object = "llvm",
@@ -244,7 +230,7 @@ def inspect(
         loaded = load_model(mod_or_model, example_args)
         tgt = resolve_target(target)
         options = resolve_inputs(tgt, options)
-        dumper = _PhaseDumper(options.dump_ir) if options.dump_ir else None
+        dumper = PhaseDumper(options.dump_ir, PHASE_NAMES) if options.dump_ir else None
         recorder = PipelineRecorder()
         mod, stats = pre_lowering(loaded, tgt, options, pipeline, dumper, recorder)
         if _graphs(tgt, pipeline):  # the CUDA-graph passes run for their report
@@ -307,7 +293,7 @@ def _compile(
         )
     start = time.perf_counter()
     options = resolve_inputs(tgt, options)
-    dumper = _PhaseDumper(options.dump_ir) if options.dump_ir else None
+    dumper = PhaseDumper(options.dump_ir, PHASE_NAMES) if options.dump_ir else None
     recorder = PipelineRecorder()
     mod, stats = pre_lowering(loaded, tgt, options, pipeline, dumper, recorder)
     post = (

@@ -12,13 +12,13 @@ nothing here reads the machine or the environment.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import tvm
 from tvm import relax
 
 from . import compile_inputs
+from .ir_dump import dump_phase
 from .options import Options
 from .target import resolve_target
 
@@ -245,22 +245,10 @@ def phase_passes(
 def pipeline(
     target: str | dict | tvm.target.Target | None = None, options: Options | None = None
 ) -> tvm.transform.Pass:
-    """The whole plus pipeline as one pass.
-
-    Parameters
-    ----------
-    target : str, dict or tvm.target.Target, optional
-        The target; when omitted it is read from ``tvm.target.Target.current()`` at run time
-        (``tvm.compile`` enters the target), falling back to the host CPU.
-    options : Options, optional
-        Pipeline settings; defaults to ``Options()``. Resolved when the pass runs.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A module pass usable in ``tvm.compile(mod, target, relax_pipeline=...)`` or inside a
-        user's ``tvm.transform.Sequential``.
-    """
+    """The whole plus pipeline as one module pass, for ``tvm.compile(mod, target,
+    relax_pipeline=...)`` or a user's ``Sequential``. ``target``: when omitted, the current
+    target at run time (``tvm.compile`` enters it), else the host CPU; ``options`` (default
+    ``Options()``) are resolved when the pass runs."""
     options = options or Options()
     fixed = resolve_target(target) if target is not None else None
 
@@ -277,16 +265,6 @@ def pipeline(
             return mod
 
     return _plus_pipeline
-
-
-def dump_phase(folder: str, number: int, pass_name: str, mod: tvm.IRModule) -> str:
-    """Write ``mod`` to ``<folder>/<number>_<phase>.py`` (``Options.dump_ir``); returns the path."""
-    os.makedirs(folder, exist_ok=True)
-    phase = pass_name[len("plus.") :] if pass_name.startswith("plus.") else pass_name
-    path = os.path.join(folder, f"{number:02d}_{phase}.py")
-    with open(path, "w") as f:
-        f.write(mod.script(show_meta=False))
-    return path
 
 
 def _register() -> None:
