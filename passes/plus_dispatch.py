@@ -212,7 +212,7 @@ def _rewrite_block(block, mod, warehouse, kind, cost, report, cache, weights, li
                 seen.add(match.members)
                 report.matched[match.entries[0].name] += 1
             for state in (match, *match.fallbacks):
-                ctx = Ctx(graph, state.members, weights, taken=absorbed, settings=lib)
+                ctx = Ctx(graph, state, weights, taken=absorbed, settings=lib)
                 chosen = _choose(state, ctx, graph, kind, cost, report, machine)
                 if chosen is not None:
                     break

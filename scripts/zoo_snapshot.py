@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """What the compiler decides for every full-size zoo model, to show a refactor changed nothing.
 
-``snap OUT.json`` records, per model, ``plus_tvm.inspect`` on llvm and on cuda (sm_90, compile
+``snap OUT.json`` records, per model (``--arch``: the architectures of ``plus_tvm.arch_suite``
+instead of the zoo, inspected only), ``plus_tvm.inspect`` on llvm and on cuda (sm_90, compile
 only): kernels, library calls, matched entries, kernel names, fusion groups, dispatch report,
 schedule report; and the compiled model's max abs error against torch eager on the zoo's
 example inputs (llvm). ``compare A.json B.json`` prints every field that differs (the
@@ -20,6 +21,26 @@ import sys
 import warnings
 
 FIELDS = ("kernels", "library_calls", "patterns", "ops", "schedule", "kernel_names", "groups")
+
+
+def snap_arch(out: str, models: list[str]) -> int:
+    import plus_tvm
+    from plus_tvm import arch_suite
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    result: dict[str, dict] = {}
+    for name in models or list(arch_suite.ENTRIES):
+        model, inputs = arch_suite.load(name)
+        row: dict = {"max_abs_err": None}
+        for target in ("llvm", "cuda"):
+            stats = plus_tvm.inspect(model, target, example_args=inputs)
+            row[target] = {k: stats[k] for k in (*FIELDS, "dispatch") if k in stats}
+        result[name] = row
+        print(f"{name}: {row['llvm']['kernels']} kernels", flush=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True, default=str)
+    return 0
 
 
 def snap(out: str, models: list[str]) -> int:
@@ -94,12 +115,14 @@ def main() -> int:
     p = sub.add_parser("snap")
     p.add_argument("out")
     p.add_argument("--models", default="")
+    p.add_argument("--arch", action="store_true", help="the arch_suite architectures")
     p = sub.add_parser("compare")
     p.add_argument("a")
     p.add_argument("b")
     args = parser.parse_args()
     if args.cmd == "snap":
-        return snap(args.out, [m for m in args.models.split(",") if m])
+        models = [m for m in args.models.split(",") if m]
+        return snap_arch(args.out, models) if args.arch else snap(args.out, models)
     return compare(args.a, args.b)
 
 

@@ -24,7 +24,9 @@ Every extension keeps the subgraph convex (no path leaves it and comes back).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..plusgraph import PlusGraph, PlusGraphBuilder, full_match, partial_match, unbatched
 from .opgraph import OpGraph
@@ -32,15 +34,30 @@ from .opgraph import OpGraph
 
 @dataclass(frozen=True)
 class Match:
-    """An identified subgraph: members in program order and the entries it fully matches."""
+    """An identified subgraph: members in program order, the entries it fully matches, and
+    its inner structure as the binders read it (what follows what, and which values leave)."""
 
     members: tuple[int, ...]
     entries: tuple[object, ...]  # WarehouseEntry, best first
     graph: PlusGraph
     sizes: dict
+    #: member -> the members reading its value, in program order: the edges along which the
+    #: extension fused its epilogues (and its prologues into their readers)
+    readers: Mapping[int, tuple[int, ...]] = field(default_factory=dict, compare=False)
+    #: members whose value is also read outside the subgraph or leaves the block: a library
+    #: call cannot absorb past one (the value would be lost)
+    escapes: frozenset[int] = frozenset()
     #: earlier archived states of the same extension, latest first: when no implementation
     #: can express this subgraph, the dispatcher falls back to the largest one that can
     fallbacks: tuple[Match, ...] = ()
+
+    def follower(self, index: int) -> int | None:
+        """The member the subgraph absorbs right after ``index``: the only reader of its
+        value, when the value goes nowhere else; None at the end of a chain."""
+        readers = self.readers.get(index, ())
+        if index in self.escapes or len(readers) != 1:
+            return None
+        return readers[0]
 
 
 class Identifier:
@@ -138,9 +155,7 @@ class Identifier:
                     break
         if archived is None:
             return None
-        return Match(
-            archived.members, archived.entries, archived.graph, archived.sizes, tuple(history)
-        )
+        return dataclasses.replace(archived, fallbacks=tuple(history))
 
     def _state(self, builder: PlusGraphBuilder, entries: list | None = None):  # noqa: ANN202
         """(entries still reachable, entries fully matched with their size bindings)."""
@@ -166,7 +181,16 @@ class Identifier:
         if not full:
             return None
         order = tuple(sorted(members))
-        return Match(order, tuple(e for e, _ in full), graph, dict(full[0][1]))
+        inside = set(order)
+        nodes = self.g.nodes
+        readers = {m: tuple(c for c in nodes[m].consumers if c in inside) for m in order}
+        escapes = frozenset(
+            m
+            for m in order
+            if m in self.g.outside_uses or any(c not in inside for c in nodes[m].consumers)
+        )
+        entries = tuple(e for e, _ in full)
+        return Match(order, entries, graph, dict(full[0][1]), readers, escapes)
 
     # ----------------------------------------------------------------------------- structure
     def _producers(self, members: list[int]) -> list[int]:

@@ -68,6 +68,14 @@ class OpGraph:
             if node.call is not None:
                 node.basic = _loop_operators(node, self, mod, cache)
 
+    def sole_reader(self, index: int) -> int | None:
+        """The binding reading ``index``'s value when it is the only one and the value does
+        not leave the block, else None."""
+        consumers = self.nodes[index].consumers
+        if index in self.outside_uses or len(consumers) != 1:
+            return None
+        return consumers[0]
+
     def name(self, expr: relax.Expr) -> str:
         key = expr.id_
         if key not in self.names:

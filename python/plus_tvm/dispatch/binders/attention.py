@@ -126,14 +126,9 @@ def _rows_of_neg_inf(ctx: Ctx, cond: relax.Expr, mask: relax.Expr) -> bool:
     return source is not None and source.same_as(mask)
 
 
-def _next(ctx: Ctx, cur: int, absorbed: list[int]) -> int | None:
-    return ctx.sole_consumer(cur, absorbed)
-
-
-def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
-    m1 = next((i for i in members if ctx.op(i) == "relax.matmul"), None)
-    if m1 is None:
-        return None
+def _operands(ctx: Ctx, m1: int) -> tuple[tuple, tuple, list] | None:
+    """(q, k, pre) of the scores' matmul ``q @ k^T``: each (bshd tensor or None, bhsd tensor);
+    a k of one head broadcast to every head of q (multi-query) broadcast once in ``pre``."""
     c1 = ctx.call(m1)
     q = _head_input(ctx, c1.args[0])
     kt = _strip_views(ctx, c1.args[1])
@@ -155,88 +150,134 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         b, _, s, d = shape_of(k[1])
         pre.append(pre_binding("plus_k", relax.op.broadcast_to(k[1], [b, heads, s, d])))
         k = (None, pre[-1][0])
-    absorbed = [m1]
-    cur = m1
-    scale = 1.0
-    masks: list[relax.Expr] = []
-    seen_softmax = False
-    zero_masked = False
-    m2 = None
-    while m2 is None:
-        nxt = _next(ctx, cur, absorbed)
-        if nxt is None:
-            return None
+    return q, k, pre
+
+
+class _Scores:
+    """The chain from the scores' matmul to the output's matmul, in the match's order:
+    views, a scale, additive masks (or a masked_fill as one), the softmax, SDPA's safe-softmax
+    ``where``. :meth:`walk` is False where an operator on the way has no kernel parameter."""
+
+    def __init__(self, ctx: Ctx, m1: int, q: tuple, pre: list) -> None:
+        self.ctx = ctx
+        self.q = q
+        self.pre = pre
+        self.cur = m1
+        self.absorbed = [m1]
+        self.scale = 1.0
+        self.masks: list[relax.Expr] = []
+        self.softmax = False
+        self.zero_masked = False
+        self.m2: int | None = None
+
+    def walk(self) -> bool:
+        while self.m2 is None:
+            nxt = self.ctx.follow(self.cur)
+            if nxt is None or not self._absorb(nxt):
+                return False
+            self.absorbed.append(nxt)
+            self.cur = nxt
+        return True
+
+    def _other(self, call: relax.Call) -> relax.Expr:
+        """The operand of a binary op that is not the chain's value."""
+        return call.args[1] if call.args[0].same_as(self.ctx.var(self.cur)) else call.args[0]
+
+    def _absorb(self, nxt: int) -> bool:
+        ctx = self.ctx
         op, call = ctx.op(nxt), ctx.call(nxt)
         if op in _VIEWS and _numel(call.args[0]) == _numel(ctx.var(nxt)):
-            pass
-        elif op in ("relax.multiply", "relax.divide") and not seen_softmax and not masks:
-            other = call.args[1] if call.args[0].same_as(ctx.var(cur)) else call.args[0]
-            c = ctx.is_scalar_const(other)
-            if c is None or (op == "relax.divide" and not call.args[0].same_as(ctx.var(cur))):
-                return None
-            scale = scale * c if op == "relax.multiply" else scale / c
-        elif op == "relax.add" and not seen_softmax:
-            other = call.args[1] if call.args[0].same_as(ctx.var(cur)) else call.args[0]
-            if not ctx.defined_before(other, nxt):
-                return None
-            if len(shape_of(other)) == 3:  # a bias of heads folded into the batch (ALiBi)
-                other = _bias_of_heads(other, shape_of(ctx.var(cur)), shape_of(q[1]), pre)
-            if other is None or len(shape_of(other)) != 4:
-                return None
-            masks.append(other)  # T5: a position bias, then the padding mask
-        elif op == "relax.where" and not seen_softmax:
+            return True
+        if op in ("relax.multiply", "relax.divide") and not self.softmax and not self.masks:
+            return self._scale(op, call)
+        if op == "relax.add" and not self.softmax:
+            return self._additive_mask(nxt, call)
+        if op == "relax.where" and not self.softmax:
             # masked_fill of the scores with a value so low that adding it gives the same
             # value (GPT-Neo's causal and local windows: ``where(window, s, finfo.min)``)
-            other = _where_as_mask(ctx, call, ctx.var(cur), nxt, pre)
-            if other is None:
-                return None
-            masks.append(other)
-        elif op == "relax.nn.softmax" and not seen_softmax:
+            mask = _where_as_mask(ctx, call, ctx.var(self.cur), nxt, self.pre)
+            self.masks += [mask] if mask is not None else []
+            return mask is not None
+        if op == "relax.nn.softmax" and not self.softmax:
             rank = len(shape_of(ctx.var(nxt)))
-            if int(call.attrs.axis) not in (-1, rank - 1):
-                return None
-            seen_softmax = True
-        elif op == "relax.where" and seen_softmax and not zero_masked and len(masks) == 1:
-            # SDPA's safe softmax (CanonicalizeSDPA): rows whose mask is all -inf give 0
-            cond, zero, probs = call.args
-            if not probs.same_as(ctx.var(cur)) or ctx.is_scalar_const(zero) != 0.0:
-                return None
-            if not _rows_of_neg_inf(ctx, cond, masks[0]) or not ctx.defined_before(cond, nxt):
-                return None
-            zero_masked = True
-        elif op == "relax.matmul" and seen_softmax:
-            if not _strip_views(ctx, call.args[0]).same_as(ctx.var(cur)) and not call.args[
-                0
-            ].same_as(ctx.var(cur)):
-                return None
-            m2 = nxt
-        else:
-            return None
-        absorbed.append(nxt)
-        cur = nxt
-    v = _head_input(ctx, ctx.call(m2).args[1])
-    if v is None:
-        return None
+            self.softmax = int(call.attrs.axis) in (-1, rank - 1)
+            return self.softmax
+        if op == "relax.where" and not self.zero_masked and len(self.masks) == 1:
+            return self._safe_softmax(nxt, call)
+        if op == "relax.matmul" and self.softmax:
+            probs = ctx.var(self.cur)
+            if _strip_views(ctx, call.args[0]).same_as(probs) or call.args[0].same_as(probs):
+                self.m2 = nxt
+                return True
+        return False
+
+    def _scale(self, op: str, call: relax.Call) -> bool:
+        c = self.ctx.is_scalar_const(self._other(call))
+        if c is None or (op == "relax.divide" and not call.args[0].same_as(self.ctx.var(self.cur))):
+            return False
+        self.scale = self.scale * c if op == "relax.multiply" else self.scale / c
+        return True
+
+    def _additive_mask(self, nxt: int, call: relax.Call) -> bool:
+        other = self._other(call)
+        if not self.ctx.defined_before(other, nxt):
+            return False
+        if len(shape_of(other)) == 3:  # a bias of heads folded into the batch (ALiBi)
+            scores = shape_of(self.ctx.var(self.cur))
+            other = _bias_of_heads(other, scores, shape_of(self.q[1]), self.pre)
+        if other is None or len(shape_of(other)) != 4:
+            return False
+        self.masks.append(other)  # T5: a position bias, then the padding mask
+        return True
+
+    def _safe_softmax(self, nxt: int, call: relax.Call) -> bool:
+        """SDPA's safe softmax (CanonicalizeSDPA): rows whose mask is all -inf give 0."""
+        ctx = self.ctx
+        cond, zero, probs = call.args
+        if not probs.same_as(ctx.var(self.cur)) or ctx.is_scalar_const(zero) != 0.0:
+            return False
+        if not _rows_of_neg_inf(ctx, cond, self.masks[0]) or not ctx.defined_before(cond, nxt):
+            return False
+        self.zero_masked = True
+        return True
+
+
+def _output_views(ctx: Ctx, cur: int, absorbed: list[int]) -> tuple[int, str]:
+    """Views and the head permute after the output's matmul that the call writes directly:
+    (the last one absorbed, ``out_layout``); appends them to ``absorbed``."""
     out_layout = "bhsd"
-    while True:
-        nxt = _next(ctx, cur, absorbed)
-        if nxt is None:
-            break
+    while (nxt := ctx.follow(cur)) is not None and out_layout == "bhsd":
         op, call = ctx.op(nxt), ctx.call(nxt)
-        if op in _VIEWS and _numel(call.args[0]) == _numel(ctx.var(nxt)) and out_layout == "bhsd":
+        if op in _VIEWS and _numel(call.args[0]) == _numel(ctx.var(nxt)):
             if len(shape_of(ctx.var(nxt))) not in (3, 4):
                 break
         elif (
             op == "relax.permute_dims"
             and permute_axes(call) == [0, 2, 1, 3]
             and len(shape_of(ctx.var(cur))) == 4
-            and out_layout == "bhsd"
         ):
             out_layout = "bshd"
         else:
             break
         absorbed.append(nxt)
         cur = nxt
+    return cur, out_layout
+
+
+def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
+    m1 = next((i for i in members if ctx.op(i) == "relax.matmul"), None)
+    operands = _operands(ctx, m1) if m1 is not None else None
+    if operands is None:
+        return None
+    q, k, pre = operands
+    scores = _Scores(ctx, m1, q, pre)
+    if not scores.walk():
+        return None
+    v = _head_input(ctx, ctx.call(scores.m2).args[1])
+    if v is None:
+        return None
+    absorbed = scores.absorbed
+    cur, out_layout = _output_views(ctx, scores.cur, absorbed)
     if len(shape_of(ctx.var(cur))) != 4:
         return None
     if all(t[0] is not None for t in (q, k, v)):
@@ -246,9 +287,10 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     if any(
         not ctx.defined_before(t, cur) or t.same_as(ctx.var(cur))
         for t in tensors
-        if all(not t.same_as(v) for v, _ in pre)
+        if all(not t.same_as(var) for var, _ in pre)
     ):
         return None
+    masks = scores.masks
     mask = masks[0] if masks else None
     for extra in masks[1:]:  # several additive masks are summed once, in TIR, before the call
         binding = pre_binding("plus_mask", relax.op.add(mask, extra))
@@ -257,11 +299,11 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     cfg = {
         "layout": layout,
         "out_layout": out_layout,
-        "scale": float(scale),
+        "scale": float(scores.scale),
         "causal": False,
         "mask": mask is not None,
     }
-    if zero_masked:
+    if scores.zero_masked:
         cfg["zero_masked"] = True
     args = [*tensors] + ([mask] if mask is not None else [])
     return LibraryCall(ATTENTION_SPEC, args, cfg, cur, absorbed, pre)

@@ -1,12 +1,13 @@
 """What every binder shares: reading the matched subgraph's Relax bindings.
 
-A binder turns an identified subgraph into one library call. It walks the Relax operators of
-the subgraph from its skeleton, takes the trivial operations the library has parameters for
-(bias, activation, residual, scale, mask, gamma / beta, layouts) and stops at the first one it
-cannot express. What it does not absorb stays as Relax operators around the call and is
-generated as TIR by the rest of the pipeline. An absorbed value that is also used outside the
-absorbed set is never hidden: the binder stops before it (the call's output must be the only
-way the absorbed values leave).
+A binder turns an identified subgraph into one library call. The match hands it the
+subgraph's structure (``Match.follower``: the member absorbed after each one, where its value
+goes nowhere else); the binder reads the operators along it from the skeleton, takes the
+trivial operations the library has parameters for (bias, activation, residual, scale, mask,
+gamma / beta, layouts) and stops at the first one it cannot express. What it does not absorb
+stays as Relax operators around the call and is generated as TIR by the rest of the pipeline.
+An absorbed value that is also used outside the absorbed set is never hidden: the chain ends
+before it (the call's output must be the only way the absorbed values leave).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tvm_ffi
 from tvm import relax
 
 from ...runtime._common import ConfigSpec
+from ..identify import Match
 from ..opgraph import OpGraph
 
 VIEW_OPS = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten"}
@@ -76,13 +78,14 @@ class Ctx:
     def __init__(
         self,
         graph: OpGraph,
-        members: tuple[int, ...],
+        match: Match,
         weights: set[int],
         taken: set[int] = frozenset(),
         settings: CallSettings = CallSettings(),  # noqa: B008 - frozen
     ) -> None:
         self.g = graph
-        self.members = set(members)
+        self.match = match
+        self.members = set(match.members)
         self.weights = weights  # var ids of function parameters that are weights
         self.taken = taken  # bindings earlier library calls absorbed
         self.settings = settings
@@ -116,17 +119,18 @@ class Ctx:
             return None
         return i, self.g.nodes[i].call
 
-    def sole_consumer(self, index: int, absorbed: list[int], anywhere: bool = False) -> int | None:
-        """The member consuming ``index`` when it is the value's only use (``anywhere``: any
-        binding of the block, for operators +Graphs do not cover, such as a tuple-valued
-        batch_norm and what follows it; the dispatcher keeps calls from sharing bindings)."""
-        node = self.g.nodes[index]
-        if index in self.g.outside_uses or len(node.consumers) != 1:
-            return None
-        c = node.consumers[0]
-        if (c not in self.members and not anywhere) or c in absorbed or c in self.taken:
-            return None
-        return c
+    def follow(self, index: int) -> int | None:
+        """The member the match absorbs after ``index`` (:meth:`Match.follower`), unless an
+        earlier library call took it."""
+        nxt = self.match.follower(index)
+        return None if nxt is None or nxt in self.taken else nxt
+
+    def follow_outside(self, index: int) -> int | None:
+        """The only reader of ``index``'s value anywhere in the block, for the operators
+        +Graphs do not cover (a tuple-valued batch_norm and what follows it); the dispatcher
+        keeps calls from sharing bindings."""
+        nxt = self.g.sole_reader(index)
+        return None if nxt is None or nxt in self.taken else nxt
 
     def value(self, index: int) -> relax.Expr:
         return self.g.value(index)

@@ -102,7 +102,8 @@ class _Epilogue:
     def walk(self) -> None:
         ctx = self.ctx
         while True:
-            nxt = ctx.sole_consumer(self.cur, self.absorbed, anywhere=self.stats is not None)
+            # past a folded BatchNorm (which +Graphs do not cover) the chain leaves the match
+            nxt = ctx.follow_outside(self.cur) if self.stats is not None else ctx.follow(self.cur)
             if nxt is None and self.stats is None and self.act == "none" and self.residual is None:
                 if self.batch_norm():
                     continue
@@ -160,7 +161,7 @@ class _Epilogue:
         """``bn = batch_norm(cur, ...); y = bn[0]`` with weight statistics on the channel axis
         and nothing else using ``bn``: folded into the convolution."""
         ctx = self.ctx
-        bn = ctx.sole_consumer(self.cur, self.absorbed, anywhere=True)
+        bn = ctx.follow_outside(self.cur)
         if bn is None or ctx.op(bn) != "relax.nn.batch_norm":
             return False
         call = ctx.call(bn)

@@ -55,98 +55,118 @@ def _find_gemm(
     return None
 
 
-def _epilogue(
-    ctx: Ctx, start: int, members: tuple[int, ...], with_norm: bool
-) -> LibraryCall | None:
+class _Epilogue:
+    """What a GEMM call absorbs after the matmul, in the match's order: views keeping the
+    rows, a bias, an activation (an op or written out), a residual; with ``with_norm`` a
+    LayerNorm over the last axis ends it (the sum before it handed out as a second output
+    where it is read again: pre-LN blocks carry it on as the next residual)."""
+
+    def __init__(self, ctx: Ctx, gemm: int, n: int, with_norm: bool) -> None:
+        self.ctx = ctx
+        self.gemm = gemm
+        self.n = n
+        self.with_norm = with_norm
+        self.cur = gemm
+        self.absorbed = [gemm]
+        self.bias: relax.Expr | None = None
+        self.residual: relax.Expr | None = None
+        self.act = "none"
+        self.norm: relax.Call | None = None
+        self.extra: list[int] = []
+
+    def walk(self) -> None:
+        while self.norm is None:
+            nxt = self._next()
+            if nxt is None:
+                if self._written_out_activation():
+                    continue
+                return
+            if not self._absorb(nxt):
+                return
+            self.absorbed.append(nxt)
+            self.cur = nxt
+
+    def _next(self) -> int | None:
+        nxt = self.ctx.follow(self.cur)
+        if nxt is None and self.with_norm and self.cur != self.gemm:
+            # the sum is read again: the LayerNorm still comes in, the sum a second output
+            readers = self.ctx.match.readers.get(self.cur, ())
+            nxt = next((c for c in readers if self.ctx.op(c) == "relax.nn.layer_norm"), None)
+            if nxt is not None:
+                self.extra.append(self.cur)
+        return nxt
+
+    def _may_activate(self) -> bool:
+        return not self.with_norm and self.act == "none" and self.residual is None
+
+    def _written_out_activation(self) -> bool:
+        if not self._may_activate():
+            return False
+        found = recognise_activation(self.ctx, self.cur, self.absorbed)
+        if found is None:
+            return False
+        self.act, self.cur, ops = found
+        self.absorbed.extend(ops)
+        return True
+
+    def _absorb(self, nxt: int) -> bool:
+        ctx = self.ctx
+        op = ctx.op(nxt)
+        if is_view_keeping_last(ctx, nxt):
+            return True
+        if op == "relax.add":
+            return self._add(nxt)
+        if op in ACTIVATIONS and self._may_activate():
+            self.act = ACTIVATIONS[op]
+            return True
+        if op == "relax.nn.layer_norm" and self.with_norm:
+            call = ctx.call(nxt)
+            rank = len(shape_of(ctx.var(nxt)))
+            if [int(a) for a in call.attrs.axes] not in ([-1], [rank - 1]):
+                return False
+            self.norm = call
+            return True
+        return False
+
+    def _add(self, nxt: int) -> bool:
+        n = self.n
+        found = classify_add(
+            self.ctx,
+            self.cur,
+            nxt,
+            lambda shape: bool(shape) and shape[-1] == n and all(d == 1 for d in shape[:-1]),
+            can_bias=self.bias is None and self.residual is None and self.act == "none",
+            can_residual=self.residual is None,
+        )
+        if found is None:
+            return False
+        if found[0] == "bias":
+            self.bias = found[1]
+        else:
+            self.residual = found[1]
+        return True
+
+
+def _bind(ctx: Ctx, members: tuple[int, ...], with_norm: bool) -> LibraryCall | None:
     gemm = _find_gemm(ctx, members)
     if gemm is None:
         return None
     index, x, w, layout = gemm
     n = shape_of(w)[0 if layout == "nk" else 1]
-    cfg: dict[str, object] = {"w": layout, "bias": False, "residual": False}
-    if not with_norm:
-        cfg["act"] = "none"
-    args: list[relax.Expr] = [x, w]
-    bias = residual = None
-    act = "none"
-    absorbed = [index]
-    cur = index
-    norm = None
-    extra: list[int] = []
-    while True:
-        nxt = ctx.sole_consumer(cur, absorbed)
-        if nxt is None and with_norm and cur != index:
-            # pre-LN blocks (GPT-2, ViT) carry the sum on as the next residual: take the
-            # LayerNorm anyway and hand the sum out as a second output (multi-output rule)
-            nxt = next(
-                (
-                    c
-                    for c in ctx.g.nodes[cur].consumers
-                    if c in ctx.members and ctx.op(c) == "relax.nn.layer_norm"
-                ),
-                None,
-            )
-            if nxt is not None:
-                extra.append(cur)
-        if nxt is None and not with_norm and act == "none" and residual is None:
-            found = recognise_activation(ctx, cur, absorbed)  # an activation written out
-            if found is not None:
-                act, cur, ops = found
-                absorbed.extend(ops)
-                continue
-        if nxt is None:
-            break
-        op = ctx.op(nxt)
-        call = ctx.call(nxt)
-        if is_view_keeping_last(ctx, nxt):
-            absorbed.append(nxt)
-            cur = nxt
-            continue
-        if op == "relax.add":
-            found = classify_add(
-                ctx,
-                cur,
-                nxt,
-                lambda shape: bool(shape) and shape[-1] == n and all(d == 1 for d in shape[:-1]),
-                can_bias=bias is None and residual is None and act == "none",
-                can_residual=residual is None,
-            )
-            if found is None:
-                break
-            if found[0] == "bias":
-                bias = found[1]
-            else:
-                residual = found[1]
-            absorbed.append(nxt)
-            cur = nxt
-            continue
-        if op in ACTIVATIONS and not with_norm and act == "none" and residual is None:
-            act = ACTIVATIONS[op]
-            absorbed.append(nxt)
-            cur = nxt
-            continue
-        if op == "relax.nn.layer_norm" and with_norm:
-            axes = [int(a) for a in call.attrs.axes]
-            rank = len(shape_of(ctx.var(nxt)))
-            if axes not in ([-1], [rank - 1]):
-                break
-            norm = (nxt, call)
-            absorbed.append(nxt)
-            cur = nxt
-        break
-    if with_norm and norm is None:
+    epi = _Epilogue(ctx, index, n, with_norm)
+    epi.walk()
+    if with_norm and epi.norm is None:
         return None
-    if bias is not None:
-        cfg["bias"] = True
+    cfg: dict[str, object] = {"w": layout, "bias": epi.bias is not None, "residual": False}
+    args: list[relax.Expr] = [x, w]
+    pre: list = []
+    if epi.bias is not None:
+        bias = epi.bias
         if len(shape_of(bias)) != 1:
-            pre = [pre_binding("plus_bias", relax.op.reshape(bias, [n]))]
-            bias = pre[0][0]
-        else:
-            pre = []
+            pre.append(pre_binding("plus_bias", relax.op.reshape(bias, [n])))
+            bias = pre[-1][0]
         args.append(bias)
-    else:
-        pre = []
-    final = ctx.var(cur)
+    final = ctx.var(epi.cur)
     rows = list(final.ty.shape.values[:-1])
     if not _same(list(x.ty.shape.values[:-1]), rows):
         # the kernel writes the final value's own shape: present x with its rows (a view), so
@@ -154,37 +174,36 @@ def _epilogue(
         k = x.ty.shape.values[-1]
         pre.append(pre_binding("plus_x", relax.op.reshape(x, [*rows, k])))
         args[0] = pre[-1][0]
-    if residual is not None:
+    if epi.residual is not None:
         cfg["residual"] = True
+        residual = epi.residual
         if not _same(list(residual.ty.shape.values), list(final.ty.shape.values)):
             pre.append(pre_binding("plus_residual", relax.op.reshape(residual, final.ty.shape)))
             residual = pre[-1][0]
         args.append(residual)
-    if with_norm:
-        _, ncall = norm
-        gamma, beta = ncall.args[1], ncall.args[2]
-        cfg.update(gamma=bool(ncall.attrs.scale), beta=bool(ncall.attrs.center))
-        cfg["eps"] = float(ncall.attrs.epsilon)
-        if ncall.attrs.scale:
-            args.append(gamma)
-        if ncall.attrs.center:
-            args.append(beta)
-        kernel = LINEAR_LAYERNORM_SPEC
-        if extra:
-            cfg["sum_out"] = True
-    else:
-        cfg["act"] = act
-        kernel = LINEAR_SPEC
-    del start
-    return LibraryCall(kernel, args, cfg, cur, absorbed, pre, extra=extra)
+    if not with_norm:
+        cfg["act"] = epi.act
+        return LibraryCall(LINEAR_SPEC, args, cfg, epi.cur, epi.absorbed, pre)
+    norm = epi.norm
+    cfg.update(gamma=bool(norm.attrs.scale), beta=bool(norm.attrs.center))
+    cfg["eps"] = float(norm.attrs.epsilon)
+    if norm.attrs.scale:
+        args.append(norm.args[1])
+    if norm.attrs.center:
+        args.append(norm.args[2])
+    if epi.extra:
+        cfg["sum_out"] = True
+    return LibraryCall(
+        LINEAR_LAYERNORM_SPEC, args, cfg, epi.cur, epi.absorbed, pre, extra=epi.extra
+    )
 
 
 def bind_linear(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
-    return _epilogue(ctx, members[0], members, with_norm=False)
+    return _bind(ctx, members, with_norm=False)
 
 
 def bind_linear_layernorm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
-    return _epilogue(ctx, members[0], members, with_norm=True)
+    return _bind(ctx, members, with_norm=True)
 
 
 def _same(a: list, b: list) -> bool:

@@ -29,7 +29,7 @@ def bind_matmul(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         absorbed = [i]
         cur = i
         scale = 1.0
-        nxt = ctx.sole_consumer(cur, absorbed)
+        nxt = ctx.follow(cur)
         if nxt is not None and ctx.op(nxt) in ("relax.multiply", "relax.divide"):
             c = ctx.call(nxt)
             if c.args[0].same_as(ctx.var(cur)):

@@ -86,7 +86,7 @@ def bind_rms_norm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     eps = None
     r = None
     while r is None:
-        nxt = ctx.sole_consumer(cur, absorbed)
+        nxt = ctx.follow(cur)
         if nxt is None:
             return None
         op, call = ctx.op(nxt), ctx.call(nxt)
@@ -101,7 +101,7 @@ def bind_rms_norm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
             return None
         absorbed.append(nxt)
         cur = nxt
-    nxt = ctx.sole_consumer(cur, absorbed)
+    nxt = ctx.follow(cur)
     if nxt is None or ctx.op(nxt) != "relax.multiply":
         return None
     call = ctx.call(nxt)
@@ -112,7 +112,7 @@ def bind_rms_norm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     cur = nxt
     args = [x]
     cfg: dict[str, object] = {"gamma": False, "eps": float(eps)}
-    nxt = ctx.sole_consumer(cur, absorbed)
+    nxt = ctx.follow(cur)
     if (
         nxt is not None
         and ctx.op(nxt) == _SAME_DTYPE_CAST
@@ -120,7 +120,7 @@ def bind_rms_norm(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     ):
         absorbed.append(nxt)
         cur = nxt
-        nxt = ctx.sole_consumer(cur, absorbed)
+        nxt = ctx.follow(cur)
     if nxt is not None and ctx.op(nxt) == "relax.multiply":
         call = ctx.call(nxt)
         gamma = call.args[1] if call.args[0].same_as(ctx.var(cur)) else call.args[0]
