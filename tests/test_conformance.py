@@ -4,13 +4,13 @@ subset of ONNX's node tests (the first test of every operator) has no plus-only 
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 import textwrap
 
 import pytest
+from plus_tvm import env
+from plus_tvm.conformance import case_store, runner
 from plus_tvm.conformance import cases as cases_mod
-from plus_tvm.conformance import runner
 from plus_tvm.conformance.cases import NodeCase, first_of_each_operator, load_cases
 
 FAKE_WORKER = textwrap.dedent(
@@ -44,8 +44,8 @@ def test_classes_of_the_two_outcomes():
 def test_the_runner_outlives_crashing_and_hanging_workers(tmp_path, monkeypatch):
     worker = tmp_path / "worker.py"
     worker.write_text(FAKE_WORKER)
-    cache = tmp_path / "cases.pkl"
-    cache.write_bytes(pickle.dumps([]))
+    cache = tmp_path / "cases.npz"
+    cache.write_bytes(case_store.dumps([]))
     monkeypatch.setattr(runner, "_WORKER", str(worker))
     monkeypatch.setattr(runner, "cache_path", lambda: str(cache))
     names = ["ok1", "crash", "ok2", "hang", "ok3", "bad"]
@@ -68,9 +68,10 @@ def test_the_runner_outlives_crashing_and_hanging_workers(tmp_path, monkeypatch)
 
 
 def test_the_cache_keeps_only_numeric_tests(monkeypatch, tmp_path):
-    monkeypatch.setenv(cases_mod.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(env.CACHE_DIR, str(tmp_path))
     cases = load_cases()
     assert os.path.exists(cases_mod.cache_path())
+    assert [c.name for c in load_cases()] == [c.name for c in cases]  # read back
     assert len(cases) > 1500
     for case in cases[:200]:
         for inputs, outputs in case.data_sets:

@@ -395,7 +395,7 @@ def test_auto_is_learned_only_where_this_machine_was_calibrated(tmp_path, monkey
     assert m.stats["options"]["cost_model"] == "analytic"
     assert {d["model"] for d in m.stats["dispatch"]["decisions"]} == {"analytic"}
     mine = user_path("llvm", figures_key(resolve_target("llvm")))
-    os.makedirs(os.path.dirname(mine))
+    os.makedirs(os.path.dirname(mine), exist_ok=True)  # (the cache root exists by now)
     shutil.copy(_model_file(tmp_path, "m.json", lambda f: 0.5, lambda f: 1e4), mine)
     m = plus_compile(module, "llvm", x)
     assert m.stats["options"]["cost_model"] == "learned"

@@ -95,11 +95,12 @@ def test_from_torch_unsupported_operator_names_op_and_node():
 
 def test_from_torch_converter_failure_names_op_and_node(monkeypatch):
     import plus_tvm.torch_fixes as fixes
+    from plus_tvm.errors import InputRefusedError
 
     original = fixes.custom_convert_map
 
-    def broken_relu(node, importer):
-        raise RuntimeError("converter exploded")
+    def broken_relu(node, importer):  # a converter refusing its input, as TVM's do
+        raise InputRefusedError("converter exploded")
 
     monkeypatch.setattr(
         fixes, "custom_convert_map", lambda: {**original(), "relu.default": broken_relu}
@@ -113,6 +114,28 @@ def test_from_torch_converter_failure_names_op_and_node(monkeypatch):
         plus_tvm.from_torch(ReluNet(), (torch.randn(2, 3),))
     msg = str(info.value)
     assert "relu.default" in msg and "node 'relu'" in msg and "converter exploded" in msg
+
+
+def test_a_bug_in_a_plus_converter_propagates(monkeypatch):
+    """An error of plus_tvm's own converter code is a bug, never reported as the operator
+    being unsupported."""
+    import plus_tvm.torch_fixes as fixes
+
+    original = fixes.custom_convert_map
+
+    def buggy_relu(node, importer):
+        return node.no_such_attribute  # AttributeError in plus_tvm-side code
+
+    monkeypatch.setattr(
+        fixes, "custom_convert_map", lambda: {**original(), "relu.default": buggy_relu}
+    )
+
+    class ReluNet(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) + 1
+
+    with pytest.raises(AttributeError, match="no_such_attribute"):
+        plus_tvm.from_torch(ReluNet(), (torch.randn(2, 3),))
 
 
 def test_from_torch_bad_arguments():

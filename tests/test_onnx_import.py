@@ -206,6 +206,45 @@ def test_a_failing_converter_names_node_op_and_reason_and_prints_nothing(capfd):
     assert "Error converting operator" not in out  # TVM's print stays off the user's stdout
 
 
+def test_a_bug_in_a_plus_converter_propagates(monkeypatch):
+    """An error of plus_tvm's own converter code (here an AttributeError) is a bug: it
+    propagates, and the node neither goes to the host nor reads as having no converter."""
+    from plus_tvm.onnx_import.converters import CONVERTERS
+    from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
+
+    class BuggyRelu(OnnxOpConverter):
+        @classmethod
+        def _impl_v1(cls, bb, inputs, attr, params):
+            return inputs[0].no_such_attribute
+
+    monkeypatch.setitem(CONVERTERS, "Relu", BuggyRelu)
+    node = helper.make_node("Relu", ["x"], ["y"], name="relu")  # the host could run it
+    model = _model([node], [_info("x", F, [4])], [_info("y", F, [4])], opset=13)
+    with pytest.raises(AttributeError, match="no_such_attribute"):
+        plus_tvm.from_onnx(model)
+
+
+def test_a_converter_refusing_its_input_still_goes_to_the_host(monkeypatch):
+    """What a converter refuses on purpose (``InputRefusedError``, as TVM's refuse with their
+    errors) sends the node to the host, as TVM's refusals do."""
+    from plus_tvm.errors import InputRefusedError
+    from plus_tvm.onnx_import.converters import CONVERTERS
+    from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
+
+    class RefusingRelu(OnnxOpConverter):
+        @classmethod
+        def _impl_v1(cls, bb, inputs, attr, params):
+            raise InputRefusedError("not this one")
+
+    monkeypatch.setitem(CONVERTERS, "Relu", RefusingRelu)
+    node = helper.make_node("Relu", ["x"], ["y"], name="relu")
+    model = _model([node], [_info("x", F, [4])], [_info("y", F, [4])], opset=13)
+    with pytest.warns(RuntimeWarning, match="'relu' of type Relu: InputRefusedError: not this one"):
+        cm = plus_tvm.compile(model, "llvm")
+    x = _randn(4)
+    np.testing.assert_array_equal(cm(x), np.maximum(x, 0))
+
+
 # ------------------------------------------------------- converters TVM gets silently wrong
 @pytest.mark.parametrize("axis", [-1, 1, 0])
 def test_layer_normalization_returns_mean_and_inverse_std_dev(axis):

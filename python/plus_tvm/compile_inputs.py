@@ -11,8 +11,6 @@ read nothing the options do not say, apart from the learned model's file they na
 
 from __future__ import annotations
 
-import os
-
 import tvm
 
 from .options import Options
@@ -34,10 +32,11 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
     if options.warehouse_env is None:
         changes["warehouse_env"] = env_folders()
     if options.cost_model == "auto":
-        from .costmodel.learned import user_path
+        from .costmodel.learned import calibration
         from .gir.model import figures_key
 
-        calibrated = os.path.exists(user_path(target.kind.name, figures_key(target)))
+        # (a damaged calibration is named in a warning and counts as none)
+        calibrated = calibration(target.kind.name, figures_key(target)) is not None
         options = options.replace(cost_model="learned" if calibrated else "analytic")
         changes["cost_model"] = options.cost_model
     if _uses_learned_model(options) and not options.cost_model_id:

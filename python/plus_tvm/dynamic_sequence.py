@@ -24,33 +24,16 @@ import numpy as np
 from .errors import ModelLoadError
 from .frontend import export_torch
 from .loader import LoadedModel, load_model
+from .sequence_axis import DIM_NAME, SEQUENCE_AXIS, is_sequence_input, sequence_dims
 
-SEQUENCE_AXIS = 1
-DIM_NAME = "seq"
-
-
-def is_sequence_input(x: object) -> bool:
-    """An integer tensor of rank 2 or more: token ids, an attention mask, token types."""
-    shape = getattr(x, "shape", ())
-    dtype = str(getattr(x, "dtype", ""))
-    return len(shape) > SEQUENCE_AXIS and ("int" in dtype or "bool" in dtype)
-
-
-def sequence_dims(example_inputs: Sequence[object], max_len: int, min_len: int = 1) -> tuple:
-    """``dynamic_shapes`` for ``torch.export``: one ``Dim`` on axis 1 of every sequence input
-    (the same ``Dim`` for all of them), ``None`` for the others."""
-    import torch
-
-    if not 1 <= min_len <= max_len:
-        raise ModelLoadError(f"sequence lengths {min_len}..{max_len}: need 1 <= min <= max")
-    seq = torch.export.Dim(DIM_NAME, min=min_len, max=max_len)
-    dims = tuple({SEQUENCE_AXIS: seq} if is_sequence_input(x) else None for x in example_inputs)
-    if not any(d is not None for d in dims):
-        raise ModelLoadError(
-            "no sequence input: a dynamic sequence length needs an integer input of rank 2 or "
-            f"more (token ids); the inputs are {[tuple(x.shape) for x in example_inputs]}"
-        )
-    return dims
+__all__ = [
+    "DIM_NAME",
+    "SEQUENCE_AXIS",
+    "inputs_at",
+    "is_sequence_input",
+    "load_dynamic_sequence",
+    "sequence_dims",
+]
 
 
 def load_dynamic_sequence(loaded: LoadedModel, max_len: int, min_len: int = 1) -> LoadedModel:

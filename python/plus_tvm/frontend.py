@@ -21,7 +21,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .errors import TVM_FAILURE, ModelLoadError, PlusError, UnsupportedOperatorError
+from .errors import (
+    TVM_FAILURE,
+    ModelLoadError,
+    PlusError,
+    UnsupportedOperatorError,
+    is_refusal,
+)
 
 if typing.TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -157,6 +163,8 @@ def _naming_errors(op_name: str, fn: Callable) -> Callable:
         except PlusError:
             raise
         except TVM_FAILURE as err:
+            if not is_refusal(err):
+                raise  # a bug of plus_tvm's own code (a converter of ours), not TVM refusing
             msg = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
             raise UnsupportedOperatorError(
                 f"cannot import torch operator {op_name} at node '{node.name}'"
@@ -237,6 +245,8 @@ def from_onnx(
     except PlusError:
         raise
     except TVM_FAILURE as err:  # the importer outside any node (graph inputs, outputs)
+        if not is_refusal(err):
+            raise  # a bug of plus_tvm's own code, not TVM refusing
         msg = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise UnsupportedOperatorError(f"{where}: TVM's ONNX importer failed: {msg}") from err
     return _detach(mod)

@@ -26,6 +26,8 @@ from typing import Any
 
 from tvm import relax
 
+from .errors import InputRefusedError
+
 __all__ = ["MOE_CONVERTERS", "grouped_mm", "histc"]
 
 
@@ -47,9 +49,9 @@ def histc(node: Any, importer: Any) -> relax.Expr:
     bins = int(_arg(node, 1, "bins", 100))
     lo_v, hi_v = float(_arg(node, 2, "min", 0)), float(_arg(node, 3, "max", 0))
     if bins <= 0:
-        raise ValueError(f"histc: bins must be positive, got {bins}")
+        raise InputRefusedError(f"histc: bins must be positive, got {bins}")
     if lo_v > hi_v:
-        raise ValueError(f"histc: max ({hi_v}) must not be below min ({lo_v})")
+        raise InputRefusedError(f"histc: max ({hi_v}) must not be below min ({lo_v})")
     work = "float64" if str(x.ty.dtype) == "float64" else "float32"
     flat = bb.emit(relax.op.astype(relax.op.reshape(x, [-1]), work))
     if lo_v == hi_v:  # torch: the data's range, widened by one when it is a point
@@ -105,12 +107,12 @@ def grouped_mm(node: Any, importer: Any) -> relax.Expr:
     x, weight = importer.env[node.args[0]], importer.env[node.args[1]]
     offs_node = _arg(node, 2, "offs", None)
     if offs_node is None:
-        raise ValueError("grouped_mm without offs (a 3-D input) is not supported")
+        raise InputRefusedError("grouped_mm without offs (a 3-D input) is not supported")
     offs = importer.env[offs_node]
     if _arg(node, 3, "bias", None) is not None:
-        raise ValueError("grouped_mm with a bias is not supported")
+        raise InputRefusedError("grouped_mm with a bias is not supported")
     if x.ty.ndim != 2 or weight.ty.ndim != 3:
-        raise ValueError(
+        raise InputRefusedError(
             f"grouped_mm expects a 2-D input and 3-D weights, got ranks {x.ty.ndim} and "
             f"{weight.ty.ndim}"
         )

@@ -84,7 +84,7 @@ class Options:
         loaded after the shipped entries and the folders of ``warehouse_env``.
     warehouse_env : tuple of str or None
         The folders of ``$PLUS_TVM_WAREHOUSE``. None (default): read from the environment when
-        compilation starts (:func:`plus_tvm.pipeline.resolve_inputs`), so that the options a
+        compilation starts (:func:`plus_tvm.compile_inputs.resolve_inputs`), so that the options a
         compile ran with (``stats["options"]``, :meth:`digest`) name every folder it read.
     gir : {"auto", "on", "off"} or bool
         Phase 4: schedule memory-intensive kernels (norms, softmax, activations, transposes,

@@ -34,6 +34,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from . import env as _env
 from .errors import PlusError
 
 try:
@@ -44,7 +45,7 @@ except ModuleNotFoundError:  # Python 3.10: tomllib is the standard-library copy
 if TYPE_CHECKING:  # the parser is imported when entries are loaded
     from .plusgraph import PlusGraph
 
-ENV_VAR = "PLUS_TVM_WAREHOUSE"
+ENV_VAR = _env.WAREHOUSE  # (the name defined in plus_tvm.env; kept here for callers)
 TARGETS = ("llvm", "cuda", "any")
 
 _TOP_KEYS = (
@@ -439,7 +440,7 @@ def package_dir() -> str:
 
 def env_folders() -> tuple[str, ...]:
     """The folders ``$PLUS_TVM_WAREHOUSE`` names now (``os.pathsep``-separated)."""
-    return tuple(d.strip() for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d.strip())
+    return _env.warehouse_folders()
 
 
 def load_warehouse(

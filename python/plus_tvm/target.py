@@ -11,7 +11,7 @@ import os
 
 import tvm
 
-from .errors import TVM_FAILURE, TargetError
+from .errors import TVM_FAILURE, TargetError, is_refusal
 
 DEFAULT_CUDA_ARCH = "sm_90"
 
@@ -68,6 +68,8 @@ def resolve_target(target: str | dict | tvm.target.Target | None) -> tvm.target.
                 return tvm.target.Target(spec, host=host_target())
             return tvm.target.Target(spec)
         except TVM_FAILURE as err:  # an unknown kind or attribute, a value of the wrong type
+            if not is_refusal(err):
+                raise
             raise TargetError(f"invalid target {spec!r}: {str(err).splitlines()[-1]}") from None
     raise TargetError(f"target must be a name, JSON text, dict or tvm Target, got {type(target)}")
 

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import os
 
-BIND_ENV = "TVM_BIND_THREADS"
-NUM_ENV = "TVM_NUM_THREADS"
-SPIN_ENV = "TVM_THREAD_POOL_SPIN_COUNT"
+from . import env as _env
+
+BIND_ENV = _env.TVM_BIND_THREADS
+NUM_ENV = _env.TVM_NUM_THREADS
+SPIN_ENV = _env.TVM_THREAD_POOL_SPIN_COUNT
 
 
 def _allowed() -> set[int] | None:
@@ -46,10 +48,9 @@ def physical_cores() -> int:
     int
         The thread count, at least 1.
     """
-    for env in (NUM_ENV, "OMP_NUM_THREADS"):
-        value = os.environ.get(env, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
+    given = _env.thread_count()
+    if given is not None:
+        return given
     allowed = _allowed()
     cores: set[tuple[str, str]] = set()
     try:

@@ -40,6 +40,7 @@ from typing import Any
 
 from tvm import relax
 
+from .errors import InputRefusedError
 from .moe_converters import MOE_CONVERTERS
 
 __all__ = ["custom_convert_map"]
@@ -68,7 +69,7 @@ def cumsum_promote(node: Any, importer: Any) -> relax.Expr:
     x = importer.env[node.args[0]]
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if "out" in node.kwargs:
-        raise ValueError("cumsum with out= is not supported")
+        raise InputRefusedError("cumsum with out= is not supported")
     val = node.meta.get("val")
     torch_dtype = val.dtype if val is not None else node.kwargs.get("dtype")
     dtype = importer._convert_data_type(torch_dtype) if torch_dtype is not None else None

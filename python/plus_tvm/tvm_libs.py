@@ -14,11 +14,12 @@ alone it fails; :func:`load_runtime_sidecars` registers one that compiles for th
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import tvm
 from tvm_ffi.libinfo import load_lib_ctypes
+
+from . import env
 
 # TVM's runtime sidecars: device runtimes (CUDA modules, streams, CUDA-graph builtins) and extra
 # VM builtins. TVM loads them at import only when its compiler library loaded too.
@@ -63,7 +64,7 @@ def _register_cuda_jit() -> None:
 
     def compile_for_this_gpu(code: str) -> bytes:
         arch = "sm_" + tvm.cuda(0).compute_version.replace(".", "")
-        mode = os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc").lower()
+        mode = env.cuda_compile_mode()
         fmt = "fatbin" if mode == "nvcc" else "cubin"
         return nvcc.compile_cuda(code, target_format=fmt, arch=arch, compiler=mode)
 

@@ -727,7 +727,7 @@ def export_onnx(
         # code then bakes it in), so trace with batch 2.
         args = tuple(torch.cat([a, a]) for a in args)
     elif max_seq_len is not None:
-        from .dynamic_sequence import sequence_dims
+        from .sequence_axis import sequence_dims
 
         dims = sequence_dims(args, max_seq_len)
         dynamic_shapes = {n: d for n, d in zip(entry.input_names(), dims)}

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..env import child_environment
 from ..errors import PlusError
 from ..loader import LoadedModel, load_model, random_inputs
 from ..options import Options
@@ -89,7 +90,7 @@ class _Worker:
 
     def __init__(self, kind: str, artifact: str, inputs: str, workdir: str, log: str) -> None:
         read_fd, write_fd = os.pipe()
-        env = dict(os.environ)
+        env = child_environment()
         # the worker unpickles the torch module: the classes must import there as here
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         with open(log, "w") as log_file:
@@ -311,7 +312,7 @@ class Bench:
                     else:
                         import torch
 
-                        from ..dynamic_sequence import sequence_dims
+                        from ..sequence_axis import sequence_dims
 
                         args = tuple(self.loaded.example_inputs)
                         torch.onnx.export(

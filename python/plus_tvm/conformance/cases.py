@@ -3,7 +3,9 @@
 The ``onnx`` wheel carries the generators of its node tests
 (``onnx.backend.test.case.node.collect_testcases``) but not their data files. Generating them takes
 a few seconds and prints numpy warnings, so it is done once per ``onnx`` version and the result is
-pickled under the user's cache (``~/.cache/plus_tvm/onnx_node_tests/<onnx version>.pkl``).
+kept in plus_tvm's cache (``<cache root>/onnx_node_tests/onnx-<onnx version>.npz``, see
+:mod:`plus_tvm.paths`) in a format that loading cannot run code from (:mod:`.case_store`); a
+damaged file is named in a warning and generated again.
 
 Only *runnable* tests are kept: every input and output of every data set is a numeric tensor
 (bool, signed or unsigned integers, float16/32/64). Strings, sequences, optionals and the 8-bit,
@@ -14,16 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..paths import check_private, damaged, private_dir, write_private
+from . import case_store
+
 NUMERIC_DTYPES = frozenset(
     "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64".split()
 )
-CACHE_ENV = "PLUS_TVM_CACHE"
 
 
 @dataclass(frozen=True)
@@ -43,16 +46,14 @@ class NodeCase:
         return "_expanded" in self.name
 
 
-def cache_dir() -> str:
-    """The plus_tvm cache folder (``$PLUS_TVM_CACHE`` or ``~/.cache/plus_tvm``)."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "plus_tvm")
-    return os.path.join(root, "onnx_node_tests")
+CACHE_FOLDER = "onnx_node_tests"
 
 
 def cache_path() -> str:
+    """``<cache root>/onnx_node_tests/onnx-<version>.npz`` (the folder created private)."""
     import onnx
 
-    return os.path.join(cache_dir(), f"onnx-{onnx.__version__}.pkl")
+    return os.path.join(private_dir(CACHE_FOLDER), f"onnx-{onnx.__version__}.npz")
 
 
 def _numeric(value: object) -> np.ndarray | None:
@@ -113,30 +114,40 @@ def generate() -> list[NodeCase]:
 
 
 def load_cases(refresh: bool = False) -> list[NodeCase]:
-    """The runnable node tests, from the cache (generated on first use).
+    """The runnable node tests, from the cache (generated on first use; a damaged cache is
+    named in a :class:`~plus_tvm.paths.CacheWarning` and generated again).
 
-    The cache holds plain dicts (see :func:`read_cache`) so that a worker can read it without
-    importing plus_tvm.
+    The cache holds plain arrays (:mod:`.case_store`) so that a worker can read it without
+    importing plus_tvm, and without running anything a planted file could hold.
     """
     path = cache_path()
     if not refresh and os.path.exists(path):
         try:
-            return [NodeCase(**d) for d in read_cache(path)]
-        except (OSError, pickle.UnpicklingError, EOFError, TypeError, KeyError):
-            pass  # a corrupt or stale cache is regenerated
+            return read_cache(path)
+        except (OSError, case_store.StoreError) as err:
+            damaged(path, str(err))
     cases = generate()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump([dataclasses.asdict(c) for c in cases], f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
+    write_cache(path, cases)
     return cases
 
 
-def read_cache(path: str) -> list[dict]:
-    """The cached tests as dicts with :class:`NodeCase`'s fields."""
-    with open(path, "rb") as f:
-        return pickle.load(f)
+def write_cache(path: str, cases: list[NodeCase]) -> None:
+    """Store ``cases`` at ``path`` (atomically, private)."""
+    write_private(path, case_store.dumps([dataclasses.asdict(c) for c in cases]))
+
+
+def read_cache(path: str) -> list[NodeCase]:
+    """The cached tests (the file checked private first).
+
+    Raises
+    ------
+    UnsafeCacheError
+        The file is another user's or writable by group or others.
+    OSError, case_store.StoreError
+        Unreadable, or not a store (never anything that runs code).
+    """
+    check_private(path)
+    return [NodeCase(**d) for d in case_store.load(path)]
 
 
 def first_of_each_operator(cases: list[NodeCase]) -> list[NodeCase]:

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..env import child_environment
+from ..paths import check_private
 from .cases import NodeCase, cache_path
 
 PIPELINES = ("plus", "tvm")
@@ -40,7 +42,7 @@ class _Worker:
     @classmethod
     def start(cls, pipeline: str, cache: str) -> _Worker:
         read_fd, write_fd = os.pipe()
-        env = dict(os.environ)
+        env = child_environment()
         # one core per worker: several workers share the machine
         env.setdefault("TVM_NUM_THREADS", "1")
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -153,6 +155,7 @@ def run(
     cache = cache_path()
     if not os.path.exists(cache):
         raise FileNotFoundError(f"{cache}: call load_cases() first")
+    check_private(cache)
     jobs = jobs or len(os.sched_getaffinity(0))
     pending = {p: collections.deque(c.name for c in cases) for p in pipelines}
     total = len(cases) * len(pipelines)

@@ -1,6 +1,7 @@
 """Worker process of the ONNX conformance run: runs one (test, pipeline) at a time.
 
-Started as a script (``python worker.py CACHE``) so that a ``tvm`` worker never imports plus_tvm:
+Started as a script (``python worker.py CACHE``) so that a ``tvm`` worker never imports plus_tvm
+(it reads the cache with ``case_store``, a sibling module of this script that needs numpy alone):
 TVM's side is TVM alone (its ONNX importer, ``tvm.compile``'s default pipeline and the VM), as a
 TVM user runs it. The ``plus`` side is ``plus_tvm.compile`` of the ONNX model and a call of the
 ``CompiledModel``, as a plus_tvm user runs it.
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import sys
 import tempfile
 import time
@@ -157,7 +157,9 @@ def main() -> int:
     parser.add_argument("cache")
     parser.add_argument("--result-fd", type=int, required=True)
     args = parser.parse_args()
-    cases = {d["name"]: d for d in pickle.load(open(args.cache, "rb"))}
+    from case_store import load  # (this script's folder is first on sys.path)
+
+    cases = {d["name"]: d for d in load(args.cache)}
     results = os.fdopen(args.result_fd, "w", buffering=1)
     warnings.simplefilter("ignore")
     np.seterr(all="ignore")

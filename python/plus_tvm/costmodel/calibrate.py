@@ -37,7 +37,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import TVM_FAILURE, PlusError
+from ..errors import TVM_FAILURE, PlusError, is_refusal
 from ..kernel_timing import random_args, signatures
 from ..options import Options
 from ..runtime import native
@@ -494,6 +494,8 @@ def calibrate(
             try:
                 calibrator.measure_program(program, out)
             except (PlusError, *TVM_FAILURE) as err:
+                if not isinstance(err, PlusError) and not is_refusal(err):
+                    raise  # a bug of plus_tvm's own code, not TVM refusing the program
                 out.skipped.append(f"{program.name}: {str(err).strip().splitlines()[-1][:160]}")
             out.seconds[program.name] = round(time.perf_counter() - began, 2)
             bar.update(1)
@@ -503,6 +505,8 @@ def calibrate(
             try:
                 calibrator.measure_zoo(name, out)
             except (PlusError, *TVM_FAILURE) as err:
+                if not isinstance(err, PlusError) and not is_refusal(err):
+                    raise  # a bug of plus_tvm's own code, not TVM refusing the model
                 out.skipped.append(f"zoo:{name}: {str(err).strip().splitlines()[-1][:160]}")
             out.seconds[f"zoo:{name}"] = round(time.perf_counter() - began, 2)
             bar.update(1)
@@ -587,12 +591,12 @@ def cross_validated_plans(records: list[dict], meta: dict, seed: int, folds: int
 
 
 def write(data: dict, path: str) -> str:
-    """Write a model file (the folder is created)."""
+    """Write a model file (the folder is created), atomically and private to the user (mode
+    0600: the default path is in plus_tvm's cache, which refuses files others can write)."""
+    from ..paths import write_private
+
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    write_private(path, json.dumps(data).encode())
     return path

@@ -7,9 +7,10 @@ JSON, and how the model was made (machine key, samples, held-out accuracy). Its 
 hash of the file, and enters :meth:`plus_tvm.Options.digest` through ``cost_model_id``.
 
 Where a model is looked for (:func:`model_path`): ``Options.cost_model_file`` when set, else
-the user's calibration for this machine and target (``<cache>/costmodel-<kind>-<key>.json``,
-see :func:`plus_tvm.paths.cache_dir`), else the model shipped with the package for the target
-kind (trained on this project's 2-core CI machine type).
+the user's calibration for this machine and target (``<cache root>/costmodel-<kind>-<key>.json``,
+see :mod:`plus_tvm.paths`; :func:`calibration`: a damaged one is named in a warning and
+ignored), else the model shipped with the package for the target kind (trained on this
+project's 2-core CI machine type).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import PlusError
-from ..paths import cache_dir
+from ..paths import private_dir, read_json
 from .features import (
     CHOICE_FEATURES,
     GIR_PLAN_FEATURES,
@@ -42,8 +43,9 @@ class CostModelError(PlusError):
 
 def user_path(kind: str, key: str) -> str:
     """Where ``plus-tvm calibrate`` stores the model of target kind ``kind`` on the machine
-    ``key`` (:func:`plus_tvm.gir.model.figures_key`)."""
-    return os.path.join(cache_dir(), f"costmodel-{kind}-{key}.json")
+    ``key`` (:func:`plus_tvm.gir.model.figures_key`); the cache root is created (private)
+    where missing."""
+    return os.path.join(private_dir(), f"costmodel-{kind}-{key}.json")
 
 
 def shipped_path(kind: str) -> str:
@@ -51,12 +53,38 @@ def shipped_path(kind: str) -> str:
     return os.path.join(_SHIPPED, f"costmodel-{kind}.json")
 
 
-def model_path(kind: str, key: str) -> str | None:
-    """The user's calibrated model for this machine, else the shipped one, else None."""
-    for path in (user_path(kind, key), shipped_path(kind)):
-        if os.path.exists(path):
-            return path
+def model_problem(data: object) -> str | None:
+    """What makes ``data`` (a model file's JSON) unusable, without building its boosters
+    (:meth:`LearnedCostModel.load` checks those); None: nothing."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return f"not a cost model (expected format {FORMAT!r})"
+    for name, expected in PARTS:
+        part = data.get(name)
+        if part is None:
+            continue
+        if not isinstance(part, dict) or not isinstance(part.get("booster"), str):
+            return f"its {name} model is damaged"
+        features = part.get("features")
+        if not isinstance(features, list) or tuple(features) != expected:
+            return f"its {name} model was trained on other features (run `plus-tvm calibrate`)"
     return None
+
+
+def calibration(kind: str, key: str) -> str | None:
+    """The user's calibrated model for target kind ``kind`` on machine ``key`` when there is
+    a usable one; a damaged or stale file is named in a
+    :class:`~plus_tvm.paths.CacheWarning` and ignored (None)."""
+    path = user_path(kind, key)
+    return path if read_json(path, model_problem) is not None else None
+
+
+def model_path(kind: str, key: str) -> str | None:
+    """The user's calibrated model for this machine (:func:`calibration`), else the shipped
+    one, else None."""
+    calibrated = calibration(kind, key)
+    if calibrated is not None:
+        return calibrated
+    return shipped_path(kind) if os.path.exists(shipped_path(kind)) else None
 
 
 #: the regressors a model file may hold: TIR kernels, library calls, the TIR of a matched
@@ -121,7 +149,7 @@ class LearnedCostModel:
 
         try:
             return cls(data, hashlib.sha256(raw).hexdigest()[:16], path)
-        except (KeyError, TypeError, ValueError, XGBoostError) as err:
+        except (AttributeError, KeyError, TypeError, ValueError, XGBoostError) as err:
             raise CostModelError(f"{path}: a damaged cost model ({err})") from None
 
     def has(self, part: str) -> bool:

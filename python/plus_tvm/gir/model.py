@@ -12,9 +12,10 @@ A graph's time is estimated from what it moves and synchronizes, per row and par
 Memory and computation overlap, so the time is their maximum plus the synchronizations.
 
 Machine figures: the CPU's copy bandwidth (GLOBAL) and in-cache copy bandwidth (CACHE) are
-measured once on the machine (:func:`measure_cpu`) and stored in a per-user cache file
-(``~/.cache/plus_tvm/gir-figures-<key>.json``, or ``$PLUS_TVM_CACHE_DIR``); without a stored
-measurement the defaults below are used. GPU figures are per architecture defaults.
+measured once on the machine (:func:`measure_cpu`) and stored in plus_tvm's cache
+(``<cache root>/gir-figures-<key>.json``, :mod:`plus_tvm.paths`); without a stored measurement
+(or with a damaged one, which is named in a warning) the defaults below are used. GPU figures
+are per architecture defaults.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
 
 import tvm
 
-from ..errors import TVM_FAILURE
-from ..paths import cache_dir
+from ..errors import TVM_FAILURE, is_refusal
+from ..paths import private_dir, read_json, write_json
 from .analysis import Kernel
 from .ir import Graph, Hierarchy, Kind, Scope
 from .rewrite import Capacity
@@ -81,7 +83,9 @@ LAUNCH_KEYS = {"tvm": "launch_us", "openmp": "launch_us_openmp"}  # stored figur
 def _cpu_lanes(target: tvm.target.Target) -> int:
     try:
         bits = tvm.target.codegen.llvm_get_vector_width(target)
-    except TVM_FAILURE:  # an mcpu (or triple) this LLVM does not know has no vector width
+    except TVM_FAILURE as err:  # an mcpu (or triple) this LLVM does not know has no width
+        if not is_refusal(err):
+            raise
         bits = 128
     return max(int(bits) // 32, 4) if bits and bits > 0 else 4
 
@@ -221,16 +225,35 @@ def figures_key(target: tvm.target.Target) -> str:
 
 
 def figures_path(target: tvm.target.Target) -> str:
-    return os.path.join(cache_dir(), f"gir-figures-{figures_key(target)}.json")
+    return os.path.join(private_dir(), f"gir-figures-{figures_key(target)}.json")
+
+
+#: the figures a stored measurement may hold (each a finite number >= 0); ``global_gbps`` is
+#: required, the others default
+FIGURE_KEYS = ("global_gbps", "cache_gbps", "unit_share", "measured_at", *LAUNCH_KEYS.values())
+
+
+def figures_problem(data: object) -> str | None:
+    """What is wrong with a stored measurement (None: nothing)."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    if "global_gbps" not in data:
+        return "no global_gbps"
+    for key in FIGURE_KEYS:
+        value = data.get(key, 0.0)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0:
+            return f"{key} is {value!r}, not a number >= 0"
+    if data["global_gbps"] <= 0:
+        return "global_gbps is 0"
+    return None
 
 
 def load_figures(target: tvm.target.Target) -> dict | None:
-    try:
-        with open(figures_path(target)) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) and "global_gbps" in data else None
-    except (OSError, ValueError):
-        return None
+    """The stored measurement for ``target``, None when there is none; a damaged one is named
+    in a :class:`~plus_tvm.paths.CacheWarning` and ignored."""
+    data = read_json(figures_path(target), figures_problem)
+    return {k: float(v) for k, v in data.items() if k in FIGURE_KEYS} if data else None
 
 
 def cpu_copy_kernel(target: tvm.target.Target, n: int, cores: int, reps: int = 1):
@@ -331,11 +354,7 @@ def measure_cpu(target: tvm.target.Target, store: bool = True, seconds: float = 
     if parallel_pool("openmp") == "openmp":
         figures[LAUNCH_KEYS["openmp"]] = pool_launch_us(target, cores, pool="openmp")
     if store:
-        os.makedirs(cache_dir(), exist_ok=True)
-        tmp = figures_path(target) + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(figures, f)
-        os.replace(tmp, figures_path(target))
+        write_json(figures_path(target), figures)
     return figures
 
 

@@ -35,7 +35,7 @@ from onnx import numpy_helper
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 
-from ..errors import TVM_FAILURE, PlusError, UnsupportedOperatorError
+from ..errors import TVM_FAILURE, PlusError, UnsupportedOperatorError, is_refusal
 from ..stats import HOST_NODES_ATTR
 from . import host_nodes
 from .converters import CONVERTERS
@@ -139,6 +139,8 @@ class PlusONNXImporter(ONNXGraphImporter):
             except PlusError:
                 raise
             except TVM_FAILURE as err:  # a converter failing: the host, else which node and why
+                if not is_refusal(err):
+                    raise  # a bug of plus_tvm's own code (a converter of ours), not TVM refusing
                 reason = _reason(err)
                 if not self._may_run_on_host(node):
                     raise UnsupportedOperatorError(

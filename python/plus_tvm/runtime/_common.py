@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Sequence
@@ -21,6 +20,8 @@ from typing import Any
 
 import torch
 import tvm_ffi
+
+from .. import env
 
 # ---------------------------------------------------------------------------------------------
 # config strings
@@ -236,10 +237,6 @@ STREAMS = _Streams()
 # prepacked weights
 
 
-PREPACK_BUDGET_ENV = "PLUS_TVM_PREPACK_MB"
-PREPACK_BUDGET_MB = 4096
-
-
 class PrepackCache:
     """Weights reordered once into the library's blocked layout, keyed by identity.
 
@@ -276,8 +273,7 @@ class PrepackCache:
         self.hits = 0
         self.bytes = 0
         if budget_bytes is None:
-            value = os.environ.get(PREPACK_BUDGET_ENV, "").strip()
-            budget_bytes = int(float(value or PREPACK_BUDGET_MB) * (1 << 20))
+            budget_bytes = int(env.prepack_budget_mb() * (1 << 20))
         self.budget_bytes = budget_bytes
         self.lock = threading.RLock()
 

@@ -35,7 +35,6 @@ function only needs TVM's runtime library.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import threading
@@ -46,10 +45,11 @@ from dataclasses import dataclass, field
 
 import tvm_ffi
 
+from ..paths import private_dir, read_json, write_json
+
 RUN_OR_CAPTURE = "plus.cuda_graph.run_or_capture"
 TVM_RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
 INVOKE_CLOSURE = "vm.builtin.invoke_closure"
-CACHE_ENV = "PLUS_TVM_CACHE_DIR"
 CACHE_FILE = "cuda_graph_decisions.json"
 
 GRAPH = "graph"
@@ -98,38 +98,38 @@ _PRIVATE = frozenset(("rerun", "cache_key", "captured", "eager_s", "graph_s"))
 
 
 def default_cache_path() -> str:
-    """``$PLUS_TVM_CACHE_DIR/cuda_graph_decisions.json`` (default ``~/.cache/plus_tvm``)."""
-    folder = os.environ.get(CACHE_ENV) or os.path.join(
-        os.path.expanduser("~"), ".cache", "plus_tvm"
-    )
-    return os.path.join(folder, CACHE_FILE)
+    """``<cache root>/cuda_graph_decisions.json`` (:mod:`plus_tvm.paths`)."""
+    return os.path.join(private_dir(), CACHE_FILE)
+
+
+def decisions_problem(data: object) -> str | None:
+    """What is wrong with a decision file's content (None: nothing)."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    for key, value in data.items():
+        if value not in (GRAPH, EAGER):
+            return f"the decision of {key[:80]!r} is {value!r}, not {GRAPH!r} or {EAGER!r}"
+    return None
 
 
 class DecisionCache:
-    """Measured decisions on disk, one JSON object; a damaged file counts as empty."""
+    """Measured decisions on disk, one JSON object; a damaged file counts as empty (a
+    :class:`~plus_tvm.paths.CacheWarning` names it) and is replaced on the next decision."""
 
     def __init__(self, path: str | None = None) -> None:
         self.path = path or default_cache_path()
 
     def get(self, key: str) -> str | None:
-        value = self._read().get(key)
-        return value if value in (GRAPH, EAGER) else None
+        return self._read().get(key)
 
     def put(self, key: str, decision: str) -> None:
         data = self._read()
         data[key] = decision
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        write_json(self.path, data)
 
     def _read(self) -> dict[str, str]:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            return {}
+        data = read_json(self.path, decisions_problem)
         return data if isinstance(data, dict) else {}
 
 

@@ -13,17 +13,15 @@ microseconds (:func:`library_time_us`).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from ..errors import TVM_FAILURE
+from .. import env
+from ..errors import TVM_FAILURE, is_refusal
 from ._common import LibraryKernel
-
-MEASURE_ENV = "PLUS_TVM_MEASURE_LIBRARY"
 
 OVERHEAD_FALLBACK_US = 15.0
 
@@ -55,7 +53,9 @@ class _Measurements:
         if self.overhead is None:
             try:
                 self.overhead = _measure_overhead()
-            except (*TVM_FAILURE, OSError):  # no LLVM, a VM failure: the documented figure
+            except (*TVM_FAILURE, OSError) as err:  # no LLVM, a VM failure: the documented one
+                if isinstance(err, TVM_FAILURE) and not is_refusal(err):
+                    raise
                 self.overhead = OVERHEAD_FALLBACK_US
         return self.overhead
 
@@ -72,7 +72,9 @@ class _Measurements:
         if key not in self.gflops:
             try:
                 self.gflops[key] = _measure_cpu_gflops(kernel)
-            except (*TVM_FAILURE, OSError):  # fails at run time too; keep the table
+            except (*TVM_FAILURE, OSError) as err:  # fails at run time too; keep the table
+                if isinstance(err, TVM_FAILURE) and not is_refusal(err):
+                    raise
                 self.gflops[key] = table
         return self.gflops[key]
 
@@ -180,7 +182,7 @@ def library_gflops(kernel: str, target_kind: str = "llvm", measure: bool | None 
         GFLOP/s.
     """
     if measure is None:
-        measure = os.environ.get(MEASURE_ENV, "") == "1"
+        measure = env.measure_library()
     return MEASURED.library_gflops(kernel, target_kind, measure)
 
 

@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 from tvm import relax
 
+from ...errors import InputRefusedError
+
 # ONNX TensorProto element type -> Relax dtype string
 DTYPE_OF_ONNX = {
     code: str(onnx.helper.tensor_dtype_to_np_dtype(code))
@@ -27,16 +29,16 @@ def dims(x: relax.Expr) -> list:
     """The shape of a tensor expression as a list of PrimExprs (rank must be known)."""
     shape = x.ty.shape
     if shape is None:
-        raise ValueError(f"needs a tensor of known shape, got {x.ty}")
+        raise InputRefusedError(f"needs a tensor of known shape, got {x.ty}")
     return list(shape.values)
 
 
 def static(n: object, what: str) -> int:
-    """``n`` as an int, or a ValueError naming ``what`` when it is symbolic."""
+    """``n`` as an int, or an InputRefusedError naming ``what`` when it is symbolic."""
     try:
         return int(n)
     except TypeError:
-        raise ValueError(f"{what} must be static, got {n}") from None
+        raise InputRefusedError(f"{what} must be static, got {n}") from None
 
 
 def emit(bb: relax.BlockBuilder, expr: relax.Expr) -> relax.Var:

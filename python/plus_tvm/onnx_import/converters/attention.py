@@ -16,6 +16,7 @@ from __future__ import annotations
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
+from ...errors import InputRefusedError
 from ._common import DTYPE_OF_ONNX, dims, emit, full_like_dtype, scalar, static
 
 _AFTER_BIAS = 2
@@ -33,9 +34,9 @@ class Attention(OnnxOpConverter):
         past_key, past_value = _input(inputs, 4), _input(inputs, 5)
         nonpad = _input(inputs, 6)
         if (past_key is None) != (past_value is None):
-            raise ValueError("Attention: past_key and past_value must be given together")
+            raise InputRefusedError("Attention: past_key and past_value must be given together")
         if nonpad is not None and past_key is not None:
-            raise ValueError("Attention: nonpad_kv_seqlen cannot be combined with past_key")
+            raise InputRefusedError("Attention: nonpad_kv_seqlen cannot be combined with past_key")
         out_dtype = str(q.ty.dtype)
         if out_dtype in ("float16", "bfloat16"):
             # products and softmax accumulate in float32, as ONNX's reference and runtimes do
@@ -51,17 +52,19 @@ class Attention(OnnxOpConverter):
         if rank == 3:
             q_heads, kv_heads = attr.get("q_num_heads"), attr.get("kv_num_heads")
             if q_heads is None or kv_heads is None:
-                raise ValueError("Attention with 3-D inputs needs q_num_heads and kv_num_heads")
+                raise InputRefusedError(
+                    "Attention with 3-D inputs needs q_num_heads and kv_num_heads"
+                )
             q = _split_heads(bb, q, q_heads)
             k, v = _split_heads(bb, k, kv_heads), _split_heads(bb, v, kv_heads)
         elif rank != 4:
-            raise ValueError(f"Attention inputs must be 3-D or 4-D, got rank {rank}")
+            raise InputRefusedError(f"Attention inputs must be 3-D or 4-D, got rank {rank}")
 
         scale = attr.get("scale")
         head = dims(q)[3]
         if scale is None:
             if not isinstance(head, tirx.IntImm):
-                raise ValueError("Attention without scale needs a static head size")
+                raise InputRefusedError("Attention without scale needs a static head size")
             scale = 1.0 / float(int(head)) ** 0.5
         root = scalar(float(scale) ** 0.5, dtype)  # applied to q and k, as the reference does
 

@@ -12,6 +12,8 @@ from onnx import numpy_helper
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
+from ...errors import InputRefusedError
+
 _SCALARS = {
     "value_float": np.float32,
     "value_int": np.int64,
@@ -35,7 +37,7 @@ class Constant(OnnxOpConverter):
                 array = np.asarray(attr[key], dtype=dtype)
                 return relax.const(array, array.dtype.name)
         present = sorted(k for k in attr if k != "tvm_custom")
-        raise ValueError(
+        raise InputRefusedError(
             f"Constant with attribute(s) {present}: only value, value_float(s) and "
             "value_int(s) hold numbers"
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
+from ...errors import InputRefusedError
 from ._common import DTYPE_OF_ONNX, dims, emit, scalar
 
 
@@ -28,7 +29,7 @@ class LayerNormalization(OnnxOpConverter):
         axis = int(attr.get("axis", -1))
         axis = axis + rank if axis < 0 else axis
         if not 0 <= axis < rank:
-            raise ValueError(f"LayerNormalization axis {attr.get('axis')} for rank {rank}")
+            raise InputRefusedError(f"LayerNormalization axis {attr.get('axis')} for rank {rank}")
         axes = list(range(axis, rank))
         eps = float(attr.get("epsilon", 1e-5))
         dtype = str(x.ty.dtype)

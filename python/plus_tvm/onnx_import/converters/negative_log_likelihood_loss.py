@@ -13,6 +13,7 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
+from ...errors import InputRefusedError
 from ._common import emit, scalar
 
 
@@ -29,7 +30,7 @@ def nll_loss(bb, log_prob, target, weight, reduction: str, ignore_index, weight_
     NegativeLogLikelihoodLoss: unless it is -1), as ONNX's reference implementations do.
     """
     if reduction not in ("none", "sum", "mean"):
-        raise ValueError(f"reduction must be none, sum or mean, got {reduction!r}")
+        raise InputRefusedError(f"reduction must be none, sum or mean, got {reduction!r}")
     dtype = str(log_prob.ty.dtype)
     tdtype = str(target.ty.dtype)
     ignored = None

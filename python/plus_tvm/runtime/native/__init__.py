@@ -11,12 +11,20 @@ device, an unknown config key) to the Python kernel it was created with. Results
 either way (tested); only the speed differs.
 
 The C++ sources ship with the package and are compiled once per machine into
-``<build_dir>/<key>/`` (``$PLUS_TVM_NATIVE_CACHE``, else ``<cache>/native`` with
-``plus_tvm.paths.cache_dir``; ``key`` hashes the sources, the
-compiler, and the oneDNN and tvm-ffi versions) with ``$CXX`` (default ``c++``), against oneDNN
-from the ``onednn-cpu-gomp`` / ``onednn-devel-cpu-gomp`` packages and tvm-ffi's headers.
-Without a compiler or oneDNN the Python kernels run, and :func:`status` says why.
-``PLUS_TVM_NATIVE=0`` keeps the Python kernels (for comparisons).
+``<build_dir>/<key>/`` (``$PLUS_TVM_NATIVE_CACHE``, else ``<cache root>/native``, see
+:mod:`plus_tvm.paths`; ``key`` hashes the sources, the compiler, and the oneDNN and tvm-ffi
+versions) with ``$CXX`` (default ``c++``), against oneDNN from the ``onednn-cpu-gomp`` /
+``onednn-devel-cpu-gomp`` packages and tvm-ffi's headers. Without a compiler or oneDNN the
+Python kernels run, and :func:`status` says why. ``PLUS_TVM_NATIVE=0`` keeps the Python
+kernels (for comparisons).
+
+A library is loaded only as it was built (:func:`compile_library`): its SHA-256 is recorded in
+a manifest beside it when it is built, and checked before it is loaded; a library without a
+manifest, with another digest, or truncated is rebuilt, never loaded (a
+:class:`NativeCacheWarning` names it). The build folders are private (mode 0700, owned by the
+user: :func:`plus_tvm.paths.private_dir`): the manifest sits in the same folder, so it protects
+against accidents (a half-written or truncated file, a crash mid-build) and, only because no one
+else can write that folder, against a library planted by another user.
 """
 
 from __future__ import annotations
@@ -29,11 +37,13 @@ import os
 import shutil
 import subprocess
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...paths import cache_dir
+from ... import env
+from ...paths import check_private, private_dir, read_private, write_json
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = (
@@ -53,8 +63,7 @@ SOURCES = (
 COMPILE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fopenmp")
 ONEDNN_PACKAGE = "onednn-cpu-gomp"
 ONEDNN_HEADERS_PACKAGE = "onednn-devel-cpu-gomp"
-ENABLE_ENV = "PLUS_TVM_NATIVE"
-BUILD_DIR_ENV = "PLUS_TVM_NATIVE_CACHE"
+MANIFEST_SUFFIX = ".manifest.json"  # beside each library: ``plus_native.so.manifest.json``
 # kernel name -> prefix of its exported functions (``<prefix>_create(fallback)`` etc.)
 KERNELS = {
     "plus.attention": "attention",
@@ -81,6 +90,11 @@ class NativeUnavailableError(Exception):
     """The native kernels cannot be built or loaded here (the message says why)."""
 
 
+class NativeCacheWarning(UserWarning):
+    """A compiled library in the cache was not the one built there (no manifest, another
+    digest, truncated): it is not loaded, and is rebuilt."""
+
+
 @dataclass
 class _State:
     """What this process knows of the native library (one per process, like the kernels)."""
@@ -98,13 +112,21 @@ _STATE = _State()
 
 def build_dir() -> str:
     """Where compiled native libraries are kept: ``$PLUS_TVM_NATIVE_CACHE``, else
-    ``<plus_tvm cache>/native`` (a build artifact, apart from measured figures)."""
-    return os.environ.get(BUILD_DIR_ENV) or os.path.join(cache_dir(), "native")
+    ``<cache root>/native`` (a build artifact, apart from measured figures). Not created here:
+    :func:`build_folder` creates (privately) and checks the folders it uses."""
+    return env.native_cache() or os.path.join(env.cache_dir(), "native")
+
+
+def build_folder(key: str) -> Path:
+    """``<build_dir>/<key>``, created private where missing and checked
+    (:func:`plus_tvm.paths.private_dir`; :class:`~plus_tvm.errors.UnsafeCacheError` when
+    another user could write it)."""
+    return private_dir(key, root=build_dir())
 
 
 def enabled() -> bool:
-    """Whether native kernels may be used (``PLUS_TVM_NATIVE`` is not 0/false/off)."""
-    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    """Whether native kernels may be used (``PLUS_TVM_NATIVE`` is not 0/false/off/no)."""
+    return env.native_enabled()
 
 
 def _distribution_dir(package: str, suffix: str) -> Path:
@@ -121,9 +143,9 @@ def _distribution_dir(package: str, suffix: str) -> Path:
 
 def compiler() -> tuple[str, str]:
     """The C++ compiler (``$CXX``, default ``c++``) and the first line of its ``--version``."""
-    path = shutil.which(os.environ.get("CXX", "c++"))
+    path = shutil.which(env.cxx())
     if path is None:
-        raise NativeUnavailableError(f"no C++ compiler ({os.environ.get('CXX', 'c++')}) on PATH")
+        raise NativeUnavailableError(f"no C++ compiler ({env.cxx()}) on PATH")
     version = subprocess.run(
         [path, "--version"], capture_output=True, text=True, check=False
     ).stdout.splitlines()[:1]
@@ -181,7 +203,7 @@ def build() -> str:
     """
     tools = _toolchain()
     return compile_library(
-        Path(build_dir()) / _key(tools),
+        _key(tools),
         "plus_native.so",
         [
             tools["compiler"],
@@ -200,25 +222,91 @@ def build() -> str:
     )
 
 
-def compile_library(folder: Path, name: str, command: list[str]) -> str:
-    """``folder/name``, compiled first with ``command`` (``-o`` and the output are appended)
-    unless it exists; processes building at once build once. Raises
-    :class:`NativeUnavailableError` naming the log when the compiler fails."""
+def _sha256(path: Path) -> tuple[str, int]:
+    """The SHA-256 (hex) and size of the file ``path`` (checked private while open)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        check_private(path, os.fstat(f.fileno()))
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+        return digest.hexdigest(), f.tell()
+
+
+def manifest_path(library: Path) -> Path:
+    """Where the digest of ``library`` is recorded when it is built."""
+    return library.with_name(library.name + MANIFEST_SUFFIX)
+
+
+def library_problem(library: Path) -> str | None:
+    """Why ``library`` must not be loaded (None: it is the file built there, as its manifest
+    records). Reads the whole file; a library or manifest that another user could have
+    written raises :class:`~plus_tvm.errors.UnsafeCacheError`."""
+    if not library.exists():
+        return "missing"
+    try:
+        raw = read_private(manifest_path(library))
+    except IsADirectoryError:
+        raw = b""
+    if raw is None:
+        return "no manifest records its digest"
+    try:
+        manifest = json.loads(raw)
+    except ValueError:  # (UnicodeDecodeError is a ValueError)
+        manifest = None
+    sha = manifest.get("sha256") if isinstance(manifest, dict) else None
+    size = manifest.get("size") if isinstance(manifest, dict) else None
+    if not isinstance(sha, str) or not isinstance(size, int):
+        return "its manifest is damaged"
+    actual, actual_size = _sha256(library)
+    if actual_size < size:
+        return f"truncated ({actual_size} of {size} bytes)"
+    if actual != sha:
+        return f"its SHA-256 {actual[:16]}... is not the {sha[:16]}... its manifest records"
+    return None
+
+
+def compile_library(key: str, name: str, command: list[str]) -> str:
+    """``<build_dir>/<key>/<name>``, compiled first with ``command`` (``-o`` and the output
+    are appended) unless it is there as it was built: its digest is checked against the
+    manifest written beside it when it was built (:func:`library_problem`); any other file is
+    removed and rebuilt, with a :class:`NativeCacheWarning` naming it. Processes building at
+    once build once.
+
+    Raises
+    ------
+    NativeUnavailableError
+        The compiler failed (the message names the log).
+    UnsafeCacheError
+        The build folder, the library or its manifest could have been written by another user.
+    """
+    folder = build_folder(key)
     library = folder / name
-    if library.exists():
+    if library_problem(library) is None:
         return str(library)
-    folder.mkdir(parents=True, exist_ok=True)
     with _file_lock(folder / "build.lock"):
-        if library.exists():  # another process built it while we waited
+        problem = library_problem(library)  # another process may have built it meanwhile
+        if problem is None:
             return str(library)
+        if problem != "missing":
+            warnings.warn(
+                f"{library}: {problem}; not loaded, rebuilt", NativeCacheWarning, stacklevel=2
+            )
+            library.unlink()  # (a process that mapped it keeps its inode: never truncated)
         partial = folder / f"{library.stem}.{os.getpid()}{library.suffix}"
         full = [*command, "-o", str(partial)]
-        result = subprocess.run(full, capture_output=True, text=True, check=False)
+        try:
+            result = subprocess.run(full, capture_output=True, text=True, check=False)
+        except OSError as err:  # the compiler went away since it was found
+            raise NativeUnavailableError(f"compiling {name} failed: {err}") from None
         if result.returncode != 0:
+            partial.unlink(missing_ok=True)
             log = folder / "build.log"
             log.write_text(" ".join(full) + "\n\n" + result.stdout + result.stderr)
             raise NativeUnavailableError(f"compiling {name} failed (see {log})")
+        os.chmod(partial, 0o700)  # the compiler's mode follows the umask: may be group-writable
+        sha, size = _sha256(partial)
         os.replace(partial, library)
+        write_json(manifest_path(library), {"file": name, "sha256": sha, "size": size})
     return str(library)
 
 
@@ -331,7 +419,7 @@ def status() -> dict[str, object]:
     Python, primitives and packed weights; the parallel loops of TVM kernels launched on
     OpenMP (``openmp_launches``, absent when the launch is not installed)."""
     if not enabled():
-        return {"available": False, "reason": f"{ENABLE_ENV}=0"}
+        return {"available": False, "reason": f"{env.NATIVE}=0"}
     if _STATE.module is None:
         return {"available": False, "reason": _STATE.reason or "not loaded yet"}
     stats = {name: json.loads(str(text)) for name, text in _each("stats").items()}

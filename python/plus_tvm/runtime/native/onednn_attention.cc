@@ -132,22 +132,9 @@ class Attention : public KernelBase {
     if (mask != nullptr) {
       for (int i = 0; i < mask->ndim; ++i) key.Add(mask->shape[i]);
     }
-    std::shared_ptr<Plan> plan;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto hit = plans_.find(key);
-      if (hit != plans_.end()) {
-        plan = hit->second;
-      } else {
-        try {
-          plan = MakePlan(*cfg, q, k, v, out, mask, sq, sk);
-          plans_.emplace(key, plan);
-        } catch (const dnnl::error&) {
-          plan = nullptr;  // oneDNN has no primitive for it: the Python kernel runs it
-        }
-      }
-    }
-    if (plan == nullptr) return Fallback(args, rv);
+    std::shared_ptr<Plan> plan =
+        FindOrMake(&plans_, key, [&]() { return MakePlan(*cfg, q, k, v, out, mask, sq, sk); });
+    if (plan == nullptr) return Fallback(args, rv);  // oneDNN has no primitive for it
     std::shared_ptr<void> owner = plan;
     void* scores = Scratchpad(plan->s.get_size() + plan->scratch_scores.get_size() +
                               plan->scratch_softmax.get_size() + plan->scratch_context.get_size() +

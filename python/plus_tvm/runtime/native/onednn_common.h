@@ -345,6 +345,15 @@ class PackCache {
   size_t budget_ = size_t(4096) << 20;
 };
 
+// A plan and the packed weights one call site binds it to (the per-call cache's entry); empty
+// (false) when there is none.
+template <typename Plan>
+struct BoundPlan {
+  std::shared_ptr<Plan> plan;
+  std::shared_ptr<Packed> packed;
+  explicit operator bool() const { return plan != nullptr; }
+};
+
 // Hold the ffi::Tensor objects among ``args`` whose data pointers are in ``pointers``.
 inline void HoldSources(ffi::PackedArgs args, Packed* entry) {
   for (int i = 0; i < args.size(); ++i) {
@@ -505,6 +514,26 @@ class KernelBase {
   void Done(int64_t start) {
     counters_.calls += 1;
     counters_.call_ns += NowNs() - start;
+  }
+
+  // The entry of ``cache`` for ``key`` (a plan, or a plan bound to packed weights), looked up
+  // under the kernel's mutex and made by ``make()`` (under it too) on a miss. A oneDNN error in
+  // ``make`` (no primitive for this shape) gives an empty entry and caches nothing, nor does an
+  // empty entry ``make`` returns: the caller then hands the call to the Python kernel.
+  template <typename Map, typename Make>
+  typename Map::mapped_type FindOrMake(Map* cache, const typename Map::key_type& key, Make make) {
+    using Entry = typename Map::mapped_type;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto hit = cache->find(key);
+    if (hit != cache->end()) return hit->second;
+    Entry entry;
+    try {
+      entry = make();
+    } catch (const dnnl::error&) {
+      return Entry();
+    }
+    if (entry) cache->emplace(key, entry);
+    return entry;
   }
 
   virtual void DropBound() = 0;   // the per-call cache of (primitive, packed weights)

@@ -97,10 +97,7 @@ struct Plan {
 };
 
 // What one call needs beyond its tensors: the primitive and the packed weights.
-struct Bound {
-  std::shared_ptr<Plan> plan;
-  std::shared_ptr<Packed> packed;
-};
+using Bound = BoundPlan<Plan>;
 
 class Conv2d : public KernelBase {
  public:
@@ -135,23 +132,13 @@ class Conv2d : public KernelBase {
     for (const DLTensor* weight : {w, bias, stats[0], stats[1], stats[2], stats[3]}) {
       key.Add(weight != nullptr ? reinterpret_cast<int64_t>(DataOf(weight)) : 0);
     }
-    Bound bound;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto hit = bound_.find(key);
-      if (hit != bound_.end()) {
-        bound = hit->second;
-      } else {
-        try {
-          bound.plan = GetPlan(*cfg, x, w);
-          bound.packed = GetPacked(args, bound.plan, *cfg, w, bias, stats);
-        } catch (const dnnl::error&) {
-          bound.plan = nullptr;  // oneDNN has no primitive for it: the Python kernel runs it
-        }
-        if (bound.plan != nullptr) bound_.emplace(key, bound);
-      }
-    }
-    if (bound.plan == nullptr) return Fallback(args, rv);
+    Bound bound = FindOrMake(&bound_, key, [&]() {
+      Bound made;
+      made.plan = GetPlan(*cfg, x, w);
+      made.packed = GetPacked(args, made.plan, *cfg, w, bias, stats);
+      return made;
+    });
+    if (!bound) return Fallback(args, rv);  // oneDNN has no primitive for it
     const Plan& plan = *bound.plan;
     if (plan.winograd != nullptr) {
       const float* b = bound.packed->parts.size() > 1

@@ -75,10 +75,7 @@ struct Plan {
   memory::desc norm_stats, norm_scale, norm_scratchpad;
 };
 
-struct Bound {
-  std::shared_ptr<Plan> plan;
-  std::shared_ptr<Packed> packed;
-};
+using Bound = BoundPlan<Plan>;
 
 template <bool kNorm>
 class LinearKernel : public KernelBase {
@@ -126,23 +123,13 @@ class LinearKernel : public KernelBase {
     key.Add(kdim);
     key.Add(n);
     key.Add(reinterpret_cast<int64_t>(DataOf(w)));
-    Bound bound;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto hit = bound_.find(key);
-      if (hit != bound_.end()) {
-        bound = hit->second;
-      } else {
-        try {
-          bound.plan = GetPlan(*cfg, m, kdim, n);
-          bound.packed = GetPacked(args, bound.plan, *cfg, w, kdim, n);
-          bound_.emplace(key, bound);
-        } catch (const dnnl::error&) {
-          bound.plan = nullptr;  // oneDNN has no primitive for it: the Python kernel runs it
-        }
-      }
-    }
-    if (bound.plan == nullptr) return Fallback(args, rv);
+    Bound bound = FindOrMake(&bound_, key, [&]() {
+      Bound made;
+      made.plan = GetPlan(*cfg, m, kdim, n);
+      made.packed = GetPacked(args, made.plan, *cfg, w, kdim, n);
+      return made;
+    });
+    if (!bound) return Fallback(args, rv);  // oneDNN has no primitive for it
     const Plan& plan = *bound.plan;
     std::shared_ptr<void> owner = bound.plan;
     // the GEMM writes the sum where the call wants it: the second output, or out itself

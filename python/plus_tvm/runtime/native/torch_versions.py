@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import SOURCE_DIR, NativeUnavailableError, build_dir, compile_library, compiler, enabled
+from ... import env
+from . import SOURCE_DIR, NativeUnavailableError, compile_library, compiler, enabled
 
 SOURCE = "torch_versions.cc"
 FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-w")
@@ -72,11 +73,11 @@ def _function() -> object | None:
         if _LOADED.function is not None or _LOADED.reason is not None:
             return _LOADED.function
         if not enabled():
-            _LOADED.reason = "PLUS_TVM_NATIVE=0"
+            _LOADED.reason = f"{env.NATIVE}=0"
             return None
         try:
             command, key = _command()
-            path = compile_library(Path(build_dir()) / key, "torch_versions.so", command)
+            path = compile_library(key, "torch_versions.so", command)
             function = ctypes.PyDLL(path).plus_first_changed
         except (NativeUnavailableError, OSError, AttributeError) as err:
             _LOADED.reason = str(err)

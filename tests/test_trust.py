@@ -1,0 +1,318 @@
+"""What plus_tvm loads from its cache is its own: private folders, libraries checked against the
+digest recorded when they were built, damaged cache files named and ignored (plus_tvm.paths,
+plus_tvm.runtime.native, the caches that read files back)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from plus_tvm import env, paths
+from plus_tvm.errors import UnsafeCacheError
+from plus_tvm.paths import CacheWarning, private_dir, read_private
+from plus_tvm.runtime import native
+
+# ------------------------------------------------------------------------- private folders
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    """A cache root that does not exist yet."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv(env.CACHE_DIR, str(folder))
+    return folder
+
+
+def _mode(path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def test_folders_are_created_private_whatever_the_umask(root):
+    old = os.umask(0)  # mkdir(0o700) alone is enough here; a umask cannot add bits either way
+    try:
+        folder = private_dir("a", "b")
+    finally:
+        os.umask(old)
+    assert folder == root / "a" / "b"
+    assert [_mode(p) for p in (root, root / "a", root / "a" / "b")] == [0o700] * 3
+
+
+def test_the_default_root_follows_xdg_cache_home(tmp_path, monkeypatch):
+    monkeypatch.delenv(env.CACHE_DIR)
+    monkeypatch.setenv(env.XDG_CACHE_HOME, str(tmp_path / "xdg"))
+    assert private_dir() == tmp_path / "xdg" / "plus_tvm"
+    assert _mode(tmp_path / "xdg" / "plus_tvm") == 0o700
+
+
+def test_a_folder_writable_by_others_is_refused(root):
+    root.mkdir()
+    os.chmod(root, 0o777)
+    with pytest.raises(UnsafeCacheError, match=f"{root}: .*writable by group or others.*chmod"):
+        private_dir()
+    os.chmod(root, 0o755)  # not writable by others: kept as it is
+    assert private_dir("x") == root / "x"
+    os.chmod(root / "x", 0o770)
+    with pytest.raises(UnsafeCacheError, match=f"{root / 'x'}: .*mode 770"):
+        private_dir("x")
+
+
+def test_a_folder_of_another_user_is_refused(root, monkeypatch):
+    private_dir("mine")
+    monkeypatch.setattr(paths, "_current_uid", lambda: os.geteuid() + 1)  # as someone else
+    with pytest.raises(UnsafeCacheError, match=f"{root}: .*owned by uid .*remove it"):
+        private_dir("mine")
+
+
+def test_a_file_where_a_folder_should_be_is_refused(root):
+    root.mkdir(mode=0o700)
+    (root / "native").write_text("")
+    with pytest.raises(UnsafeCacheError, match="needs a folder"):
+        private_dir("native")
+
+
+def test_a_cache_file_others_can_write_is_refused(root, monkeypatch):
+    path = private_dir() / "figures.json"
+    path.write_text("{}")
+    os.chmod(path, 0o666)
+    with pytest.raises(UnsafeCacheError, match=f"{path}: .*file is writable by group"):
+        read_private(path)
+    os.chmod(path, 0o644)
+    assert read_private(path) == b"{}"
+    monkeypatch.setattr(paths, "_current_uid", lambda: os.geteuid() + 1)
+    with pytest.raises(UnsafeCacheError, match="owned by uid"):
+        read_private(path)
+    assert read_private(root / "absent.json") is None
+
+
+# ------------------------------------------------------------------------- native libraries
+GENUINE = 'extern "C" int plus_trust_answer() { return 42; }\n'
+PLANTED = textwrap.dedent(
+    """
+    #include <cstdio>
+    extern "C" int plus_trust_answer() { return 666; }
+    __attribute__((constructor)) static void planted() {
+      if (FILE* f = std::fopen("MARKER", "w")) std::fclose(f);
+    }
+    """
+)
+
+
+@pytest.fixture
+def toolchain(tmp_path, monkeypatch):
+    """A private build root, and the compile command of a tiny library (a second or less)."""
+    try:
+        cxx, _ = native.compiler()
+    except native.NativeUnavailableError as err:
+        pytest.skip(str(err))
+    monkeypatch.setenv(env.NATIVE_CACHE, str(tmp_path / "native"))
+    source = tmp_path / "genuine.cc"
+    source.write_text(GENUINE)
+    return cxx, [cxx, "-shared", "-fPIC", str(source)]
+
+
+def _planted(tmp_path, cxx) -> tuple[bytes, str]:
+    """The bytes of a library whose constructor writes a marker file, and the marker's path."""
+    marker = tmp_path / "constructor-ran"
+    source = tmp_path / "planted.cc"
+    source.write_text(PLANTED.replace("MARKER", str(marker)))
+    out = tmp_path / "planted.so"
+    subprocess.run([cxx, "-shared", "-fPIC", str(source), "-o", str(out)], check=True)
+    return out.read_bytes(), str(marker)
+
+
+def _answer(path: str) -> int:
+    return ctypes.CDLL(path).plus_trust_answer()
+
+
+def test_a_library_is_built_with_a_manifest_of_its_digest(toolchain):
+    _, command = toolchain
+    path = native.compile_library("k", "lib.so", command)
+    manifest = json.loads(native.manifest_path(Path(path)).read_text())
+    assert manifest["file"] == "lib.so" and len(manifest["sha256"]) == 64
+    assert manifest["size"] == os.path.getsize(path)
+    assert _mode(path) == 0o700 and _mode(os.path.dirname(path)) == 0o700
+    assert native.library_problem(Path(path)) is None
+    assert native.compile_library("k", "lib.so", command) == path  # found, not rebuilt
+
+
+def test_a_planted_library_is_rebuilt_and_never_loaded(toolchain, tmp_path):
+    cxx, command = toolchain
+    path = native.compile_library("k", "lib.so", command)
+    planted, marker = _planted(tmp_path, cxx)
+    with open(path, "wb") as f:  # someone wrote over it (the manifest is the old one)
+        f.write(planted)
+    with pytest.warns(native.NativeCacheWarning, match="lib.so: its SHA-256 .*rebuilt"):
+        again = native.compile_library("k", "lib.so", command)
+    assert again == path and _answer(again) == 42
+    assert not os.path.exists(marker)  # the planted constructor never ran
+
+
+def test_a_truncated_library_is_rebuilt(toolchain):
+    _, command = toolchain
+    path = native.compile_library("k", "lib.so", command)
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    with pytest.warns(native.NativeCacheWarning, match=r"truncated \(\d+ of \d+ bytes\)"):
+        assert _answer(native.compile_library("k", "lib.so", command)) == 42
+
+
+@pytest.mark.parametrize("manifest", [None, "{not json", '{"sha256": 1}'])
+def test_a_library_without_a_usable_manifest_is_rebuilt(toolchain, manifest):
+    _, command = toolchain
+    path = Path(native.compile_library("k", "lib.so", command))
+    if manifest is None:
+        native.manifest_path(path).unlink()
+    else:
+        native.manifest_path(path).write_text(manifest)
+    with pytest.warns(native.NativeCacheWarning, match="manifest"):
+        native.compile_library("k", "lib.so", command)
+    assert native.library_problem(path) is None
+
+
+def test_a_planted_library_that_cannot_be_rebuilt_leaves_the_python_kernels(
+    toolchain, tmp_path, monkeypatch
+):
+    """No compiler to rebuild with: the planted file is removed, never loaded, and the
+    native kernels are unavailable with the reason, as without a compiler."""
+    cxx, command = toolchain
+    path = native.compile_library("k", "lib.so", command)
+    planted, marker = _planted(tmp_path, cxx)
+    with open(path, "wb") as f:
+        f.write(planted)
+    broken = [str(tmp_path / "no-such-compiler"), *command[1:]]
+    monkeypatch.setattr(native, "_STATE", native._State())  # this process's state, fresh
+    monkeypatch.setattr(native, "build", lambda: native.compile_library("k", "lib.so", broken))
+    with pytest.warns(native.NativeCacheWarning, match="lib.so"):
+        assert native.ensure({}) is False
+    assert "compiling lib.so failed" in native.status()["reason"]
+    assert not os.path.exists(path) and not os.path.exists(marker)
+
+
+def test_a_foreign_build_folder_is_refused(toolchain, monkeypatch):
+    _, command = toolchain
+    native.compile_library("k", "lib.so", command)
+    monkeypatch.setattr(paths, "_current_uid", lambda: os.geteuid() + 1)
+    with pytest.raises(UnsafeCacheError, match="owned by uid"):
+        native.compile_library("k", "lib.so", command)
+
+
+@pytest.mark.slow
+def test_a_planted_plus_native_is_rebuilt_by_the_runtime_and_not_loaded(toolchain, tmp_path):
+    """The real library, as the runtime loads it (one full build, 30-60 s on 2 cores)."""
+    cxx, _ = toolchain
+    planted, marker = _planted(tmp_path, cxx)
+    folder = native.build_folder(native._key(native._toolchain()))
+    (folder / "plus_native.so").write_bytes(planted)
+    native.manifest_path(folder / "plus_native.so").write_text(
+        json.dumps({"file": "plus_native.so", "sha256": "0" * 64, "size": len(planted)})
+    )
+    script = (
+        "import warnings; warnings.simplefilter('always')\n"
+        "from plus_tvm.runtime import KERNELS, native\n"
+        "print(native.ensure(KERNELS), native.status().get('reason'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy()
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("True"), out.stdout + out.stderr[-2000:]
+    assert "plus_native.so: its SHA-256" in out.stderr and "rebuilt" in out.stderr
+    assert not os.path.exists(marker)
+
+
+# ------------------------------------------------------------------- cache files read back
+def test_a_gir_figure_that_is_no_number_is_named_and_ignored(root):
+    from plus_tvm.gir import model as gir_model
+    from plus_tvm.target import resolve_target
+
+    llvm = resolve_target("llvm")
+    path = gir_model.figures_path(llvm)
+    with open(path, "w") as f:
+        json.dump({"global_gbps": "fast", "cache_gbps": 100.0}, f)
+    with pytest.warns(CacheWarning, match=f"{path}: .*global_gbps is 'fast'"):
+        assert gir_model.load_figures(llvm) is None
+    with pytest.warns(CacheWarning):
+        assert not gir_model.machine_for(llvm).measured  # the defaults, no crash
+        assert gir_model.cpu_figures(llvm)["global_gbps"] == 20.0
+    with open(path, "w") as f:
+        f.write("\x00\x01 not json")
+    with pytest.warns(CacheWarning, match="not JSON"):
+        assert gir_model.load_figures(llvm) is None
+
+
+def test_a_damaged_cost_model_calibration_is_named_and_ignored(root):
+    from plus_tvm.costmodel import learned
+
+    path = learned.user_path("llvm", "machine")
+    with open(path, "w") as f:
+        json.dump({"format": learned.FORMAT, "tir": {"features": [], "booster": 3}}, f)
+    with pytest.warns(CacheWarning, match=f"{path}: .*tir model is damaged"):
+        assert learned.calibration("llvm", "machine") is None
+    with pytest.warns(CacheWarning):  # the shipped model is used instead
+        assert learned.model_path("llvm", "machine") == learned.shipped_path("llvm")
+    from plus_tvm import Options
+    from plus_tvm.compile_inputs import resolve_inputs
+    from plus_tvm.gir.model import figures_key
+    from plus_tvm.target import resolve_target
+
+    llvm = resolve_target("llvm")
+    mine = learned.user_path("llvm", figures_key(llvm))
+    shutil.copy(path, mine)
+    with pytest.warns(CacheWarning, match=f"{mine}: "):  # cost_model="auto": as uncalibrated
+        assert resolve_inputs(llvm, Options(cpu_parallel="tvm")).cost_model == "analytic"
+    with open(path, "w") as f:
+        f.write("[1, 2")
+    with pytest.warns(CacheWarning, match="not JSON"):
+        assert learned.calibration("llvm", "machine") is None
+
+
+def test_a_damaged_cuda_graph_decision_is_named_and_replaced(root):
+    from plus_tvm.runtime import cuda_graph
+
+    cache = cuda_graph.DecisionCache()
+    assert cache.path == str(root / cuda_graph.CACHE_FILE)
+    with open(cache.path, "w") as f:
+        json.dump({"gpu|module|region": "run it twice"}, f)
+    with pytest.warns(CacheWarning, match="decisions.json: .*'run it twice'"):
+        assert cache.get("gpu|module|region") is None
+    with pytest.warns(CacheWarning):
+        cache.put("gpu|module|region", cuda_graph.GRAPH)  # rewritten whole
+    assert cache.get("gpu|module|region") == cuda_graph.GRAPH
+    assert _mode(cache.path) == 0o600
+
+
+class _Planted:
+    """A pickle that runs code when loaded (writes a marker)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (shutil.copy, (__file__, self.marker))
+
+
+def test_the_node_test_cache_never_runs_code_and_a_damaged_one_is_regenerated(root, monkeypatch):
+    from plus_tvm.conformance import case_store
+    from plus_tvm.conformance import cases as cases_mod
+
+    marker = root.parent / "unpickled"
+    path = cases_mod.cache_path()
+    with open(path, "wb") as f:  # a planted pickle where the store is
+        pickle.dump([_Planted(str(marker))], f)
+    with pytest.raises(case_store.StoreError, match="not a node-test store"):
+        case_store.load(path)  # what the worker calls: refuses, runs nothing
+    one = cases_mod.NodeCase("test_relu", "Relu", b"model", (), 1e-3, 1e-7)
+    monkeypatch.setattr(cases_mod, "generate", lambda: [one])
+    with pytest.warns(CacheWarning, match=f"{path}: .*not a node-test store"):
+        assert cases_mod.load_cases() == [one]
+    assert not marker.exists()
+    assert cases_mod.load_cases() == [one]  # the regenerated store reads back
