@@ -8,6 +8,7 @@ from .annotate_map_pattern import AnnotateMapPattern
 from .apply_schedule_rules import ApplyScheduleRules
 from .canonicalize_batch_matmul import CanonicalizeBatchMatmul
 from .canonicalize_sdpa import CanonicalizeSDPA
+from .check_index_bounds import CheckIndexBounds
 from .conv1d_as_conv2d import Conv1dAsConv2d
 from .convert_to_channels_last import ConvertToChannelsLast
 from .declare_capture_vars import DeclareCaptureVars
@@ -35,6 +36,7 @@ __all__ = [
     "AnnotateMapPattern",
     "ApplyScheduleRules",
     "CanonicalizeSDPA",
+    "CheckIndexBounds",
     "ConvertToChannelsLast",
     "DeclareCaptureVars",
     "DPFuseOps",

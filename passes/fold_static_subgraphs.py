@@ -21,6 +21,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ..index_inputs import is_index_check
 from ._dataflow_rewrite import map_functions, normalize_and_clean
 from ._graph_staging import static_shape, tensor_bytes
 
@@ -35,6 +36,11 @@ _NOT_FOLDED = frozenset(
         "relax.call_inplace_packed",
     }
 )
+
+
+def _operands(call: relax.Call) -> list[relax.Expr]:
+    """The arguments that carry values (a check's callee and message are not operands)."""
+    return list(call.args[1:3]) if is_index_check(call) else list(call.args)
 
 
 # legalized by TVM's sort / scan dispatch (run before legalization when they are evaluated)
@@ -52,6 +58,8 @@ _SORT_SCAN = frozenset(
 
 def _foldable_op(call: relax.Call) -> bool:
     op = call.op
+    if is_index_check(call):  # pure; a constant index out of range then fails the compile
+        return True
     if not isinstance(op, tvm.ir.Op) or op.name in _NOT_FOLDED:
         return False
     if op.get_attr("FLegalize") is None and op.name not in _SORT_SCAN:
@@ -116,7 +124,7 @@ class FoldStaticSubgraphs:
                 isinstance(value, relax.Call)
                 and _foldable_op(value)
                 and static_shape(binding.var.ty) is not None
-                and all(_static_arg(a, static) for a in value.args)
+                and all(_static_arg(a, static) for a in _operands(value))
             ):
                 static.add(binding.var)
                 chain.append(binding)

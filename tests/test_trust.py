@@ -316,3 +316,165 @@ def test_the_node_test_cache_never_runs_code_and_a_damaged_one_is_regenerated(ro
         assert cases_mod.load_cases() == [one]
     assert not marker.exists()
     assert cases_mod.load_cases() == [one]  # the regenerated store reads back
+
+
+# ----------------------------------------------------------------------------- artifacts
+# (a small ONNX model: compiles in about a second)
+
+
+def _tiny_model():
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Gather", ["table", "ids"], ["y"], name="lookup", axis=0)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("table", TensorProto.FLOAT, [10, 4]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [3]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    import plus_tvm
+
+    return plus_tvm.compile(_tiny_model())
+
+
+def test_outputs_replace_a_link_and_never_write_through_it(compiled, tmp_path):
+    """``-o`` through symlinks once overwrote files elsewhere (.params and .json)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    for suffix in ("", ".params", ".json"):
+        victim = elsewhere / f"victim{suffix}"
+        victim.write_text("keep me")
+        (out / f"m.so{suffix}").symlink_to(victim)
+    compiled.export_library(str(out / "m.so"))
+    for suffix in ("", ".params", ".json"):
+        assert (elsewhere / f"victim{suffix}").read_text() == "keep me"
+        assert not (out / f"m.so{suffix}").is_symlink()
+    assert sorted(p.name for p in out.iterdir()) == ["m.so", "m.so.json", "m.so.params"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(compiled, tmp_path, monkeypatch):
+    from plus_tvm import output_files
+    from plus_tvm.errors import OutputWriteError
+
+    path = tmp_path / "m.so"
+    compiled.export_library(str(path))
+    before = (tmp_path / "m.so.json").read_bytes()
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(output_files.os, "fsync", full_disk)
+    with pytest.raises(OutputWriteError, match=r"m\.so.*No space left"):
+        compiled.export_library(str(path))
+    assert (tmp_path / "m.so.json").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.so", "m.so.json", "m.so.params"]
+
+
+def test_an_output_that_is_a_folder_or_device_is_refused(tmp_path):
+    from plus_tvm.errors import OutputWriteError
+    from plus_tvm.output_files import check_target, write_bytes
+
+    with pytest.raises(OutputWriteError, match="is a folder"):
+        check_target(str(tmp_path))
+    with pytest.raises(OutputWriteError, match="not a regular file"):
+        write_bytes("/dev/full", b"x")  # once "succeeded"
+    with pytest.raises(OutputWriteError, match="does not exist"):
+        check_target(str(tmp_path / "no" / "such" / "m.so"))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda meta: meta["inputs"][1].update(shape=[5]),
+        lambda meta: meta["inputs"][1]["index_range"].update(high=10**12),
+        lambda meta: meta["inputs"][0].update(dtype="float16"),
+        lambda meta: meta.update(num_params=meta["num_params"] + 1),
+    ],
+    ids=["shape", "index_range", "dtype", "num_params"],
+)
+def test_load_refuses_a_description_the_executable_does_not_match(compiled, tmp_path, edit):
+    """Edited fields once reached TVM's raw checks or widened an index range; the executable
+    carries its own signature, and load compares (the digests in the json are recomputed as
+    an editor would)."""
+    import plus_tvm
+    from plus_tvm.errors import ModelLoadError
+
+    path = tmp_path / "m.so"
+    compiled.export_library(str(path))
+    meta_path = tmp_path / "m.so.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["inputs"][1]["index_range"]["high"] == 9  # Gather's ids: [-10, 9]
+    edit(meta)
+    meta_path.write_text(json.dumps(meta))
+    # (an extra weight is already missing from .params; the rest only the executable knows)
+    with pytest.raises(ModelLoadError, match="does not match its executable|cannot be read"):
+        plus_tvm.load(str(path))
+
+
+def test_a_loaded_model_runs_as_exported(compiled, tmp_path):
+    import numpy as np
+    import plus_tvm
+
+    path = tmp_path / "m.so"
+    compiled.export_library(str(path))
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    ids = np.array([0, -1, 9])
+    np.testing.assert_array_equal(plus_tvm.load(str(path))(table, ids), table[ids])
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+_FORKED: dict = {}  # what forked workers inherit (a compiled model does not pickle)
+
+
+def _run_inherited(x):
+    import numpy as np
+
+    return np.asarray(_FORKED["model"](x))
+
+
+def test_a_model_runs_in_forked_workers_after_running_in_the_parent():
+    """Workers forked after the parent ran the model once hung in the VM call (OpenMP's team,
+    which oneDNN's GEMMs ran on, does not survive fork): the children now run it on one
+    thread."""
+    import multiprocessing
+
+    import numpy as np
+    import plus_tvm
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()).eval()
+    x = torch.randn(64, 256)
+    compiled = plus_tvm.compile(model, example_args=(x,))
+    want = np.asarray(compiled(x.numpy()))  # the parent's OpenMP team now exists
+    _FORKED["model"] = compiled
+    try:
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            got = pool.map_async(_run_inherited, [x.numpy()] * 4).get(timeout=120)
+    finally:
+        _FORKED.clear()
+    for out in got:
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(compiled(x.numpy())), want)  # parent unaffected
+
+
+def test_a_model_on_tvms_pool_refuses_in_a_forked_child(compiled, monkeypatch):
+    """TVM's pool cannot be made serial in the child: an error naming the fix, not a hang."""
+    import numpy as np
+    from plus_tvm.errors import PlusError
+
+    monkeypatch.setattr(compiled, "_openmp", False)
+    monkeypatch.setattr(compiled, "_ran_in", os.getpid() + 1)  # as if it ran in a parent
+    with pytest.raises(PlusError, match="'spawn' or 'forkserver'"):
+        compiled(np.zeros((10, 4), np.float32), np.array([0, 1, 2]))

@@ -19,7 +19,11 @@ from .tvm_libs import compiler_available, load_runtime_sidecars
 
 load_runtime_sidecars()  # runtime-only TVM skips its CUDA runtime library: load it here
 
+from . import fork_safety
 from . import runtime as runtime  # registers library kernels
+
+# a forked child runs models on one OpenMP thread, its kernels' plans made again, not hanging
+fork_safety.register(runtime.clear_caches)
 from ._version import __version__
 from .compiled_model import CompiledModel, load
 from .errors import (

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import zipfile
@@ -42,16 +43,80 @@ def _common(p: argparse.ArgumentParser, pipeline: bool = True) -> None:
     )
 
 
+def _finite(text: str, low: float, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < low:
+        raise argparse.ArgumentTypeError(f"{text!r}: {what}")
+    return value
+
+
+def _tolerance(text: str) -> float:
+    """A check tolerance: finite and >= 0 (``nan`` once turned the check off)."""
+    return _finite(text, 0.0, "a tolerance is a finite number >= 0")
+
+
+def _seconds(text: str) -> float:
+    value = _finite(text, 0.0, "a finite number > 0")
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a finite number > 0")
+    return value
+
+
+def _count(low: int):  # noqa: ANN202
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: a whole number >= {low}")
+        return value
+
+    return parse
+
+
+class UsageError(Exception):
+    """A command line argparse refuses (reported as one line, exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad command line raised as :class:`UsageError` (one line, exit 2, as
+    every other bad input) instead of printing the usage and exiting from inside main."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _global_flags(parser: argparse.ArgumentParser, on_subcommand: bool = False) -> None:
+    """``--debug`` and ``--verbose``, before the subcommand or after it."""
+    # (on a subcommand the default is SUPPRESS, so that leaving it out there keeps the value
+    # given before the subcommand)
+    default = argparse.SUPPRESS if on_subcommand else False
+    parser.add_argument(
+        "--debug", action="store_true", default=default, help="show Python tracebacks on errors"
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="show TVM's log warnings and Python warnings",
+    )
+
+
+class _SubParser(_Parser):
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        _global_flags(self, on_subcommand=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``plus-tvm``."""
-    parser = argparse.ArgumentParser(
-        prog="plus-tvm", description="plus_tvm: TVM Relax with pluggable schedules"
-    )
-    parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
-    parser.add_argument(
-        "--verbose", action="store_true", help="show TVM's log warnings and Python warnings"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="plus-tvm", description="plus_tvm: TVM Relax with pluggable schedules")
+    _global_flags(parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_SubParser)
 
     p = sub.add_parser("compile", help="compile a model to a shared library")
     _common(p)
@@ -70,10 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="write outputs to this .npz")
     p.add_argument("--no-check", action="store_true", help="skip the reference comparison")
     p.add_argument(
-        "--rtol", type=float, default=1e-3, help="relative tolerance of the check (default 1e-3)"
+        "--rtol", type=_tolerance, default=1e-3, help="relative tolerance of the check (1e-3)"
     )
     p.add_argument(
-        "--atol", type=float, default=1e-3, help="absolute tolerance of the check (default 1e-3)"
+        "--atol", type=_tolerance, default=1e-3, help="absolute tolerance of the check (1e-3)"
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -88,11 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="plus,tvm,torch,torch-compile,onnxruntime",
         help="comma-separated backends",
     )
-    p.add_argument("--runs", type=int, default=20, help="timed runs per backend")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs per backend first")
+    p.add_argument("--runs", type=_count(1), default=20, help="timed runs per backend")
+    p.add_argument("--warmup", type=_count(0), default=2, help="untimed runs per backend first")
     p.add_argument(
         "--budget",
-        type=float,
+        type=_seconds,
         default=60.0,
         help="seconds per backend for its runs (slow backends get fewer runs)",
     )
@@ -131,16 +196,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only the zoo models' tiny twins, not their full sizes (faster)",
     )
-    p.add_argument("--seed", type=int, default=0, help="draws the corpus' programs")
+    p.add_argument("--seed", type=_count(0), default=0, help="draws the corpus' programs")
     p.add_argument(
-        "--min-ms", type=float, default=20.0, help="milliseconds of runs per library timing"
+        "--min-ms", type=_seconds, default=20.0, help="milliseconds of runs per library timing"
     )
     p.add_argument("--records", help="also write the measurements (JSON) to this file")
     p.add_argument("--json", action="store_true", help="print the model's summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("zoo", help="the model zoo")
-    zsub = p.add_subparsers(dest="zoo_command", required=True)
+    zsub = p.add_subparsers(dest="zoo_command", required=True, parser_class=_SubParser)
     zl = zsub.add_parser("list", help="list zoo models")
     zl.add_argument("--json", action="store_true")
     ze = zsub.add_parser("export", help="write a zoo model as an ONNX file")
@@ -149,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     ze.add_argument("--dynamic-batch", action="store_true", help="make the batch dim symbolic")
 
     p = sub.add_parser("warehouse", help="the pattern warehouse (PluS): +Graph entries")
-    wsub = p.add_subparsers(dest="warehouse_command", required=True)
+    wsub = p.add_subparsers(dest="warehouse_command", required=True, parser_class=_SubParser)
     wl = wsub.add_parser("list", help="list entries in priority order")
     wl.add_argument("--json", action="store_true")
     ws = wsub.add_parser("show", help="show one entry: fields and canonical +Graph")
@@ -175,10 +240,10 @@ def _options(pairs: Sequence[str]):
 def _cmd_compile(args: argparse.Namespace) -> int:
     import plus_tvm
 
-    from .compiled_model import probe_writable
+    from .output_files import check_target
 
     for name in (args.output, args.output + ".params", args.output + ".json"):
-        probe_writable(name)  # before compiling, not after
+        check_target(name)  # before compiling, not after
     cm = plus_tvm.compile(
         args.model, args.target, options=_options(args.opt), pipeline=args.pipeline
     )
@@ -201,14 +266,22 @@ def _load_inputs(path: str, specs: list) -> tuple:
     if not os.path.exists(path):
         raise ModelLoadError(f"inputs file not found: {path}")
     try:
-        data = np.load(path)
+        data = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # not an .npz / .npy
         raise ModelLoadError(f"cannot read inputs file {path}: {err}") from None
-    if all(s.name in data.files for s in specs):
-        return tuple(data[s.name] for s in specs)
-    if len(data.files) == len(specs):
-        return tuple(data[k] for k in data.files)
-    raise ModelLoadError(f"{path} holds {data.files}; the model takes {[s.name for s in specs]}")
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise ModelLoadError(
+            f"{path} holds one array (.npy); --inputs takes an .npz archive of the inputs by "
+            "name (numpy.savez(path, name=array, ...))"
+        )
+    names = [s.name for s in specs]
+    keys = names if all(n in data.files for n in names) else list(data.files)
+    if len(keys) != len(specs):
+        raise ModelLoadError(f"{path} holds {data.files}; the model takes {names}")
+    try:
+        return tuple(data[k] for k in keys)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # damaged, object arrays
+        raise ModelLoadError(f"cannot read inputs file {path}: {err}") from None
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -332,13 +405,23 @@ def compare_outputs(outs: Sequence, refs: Sequence, rtol: float, atol: float) ->
 
 
 def _write(path: str, write) -> None:  # noqa: ANN001
-    """Call ``write(path)``; an unwritable path is a user error naming the path."""
-    from .errors import OutputWriteError
+    """``write(file)`` into a binary file that replaces ``path`` whole (exactly that path, never
+    through a link); an unwritable path is a user error naming the path."""
+    from .output_files import replace_atomically
 
-    try:
-        write(path)
-    except OSError as err:
-        raise OutputWriteError(f"cannot write {path}: {err.strerror or err}") from None
+    def to_file(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            write(f)
+
+    replace_atomically(path, to_file)
+
+
+def _write_to(path: str, write) -> None:  # noqa: ANN001
+    """``write(tmp_path)`` (a writer that takes a path of the same extension), then that file
+    replaces ``path`` whole, as :func:`_write`."""
+    from .output_files import replace_atomically
+
+    replace_atomically(path, write)
 
 
 def _reference(source, inputs) -> tuple[str, object]:
@@ -356,11 +439,20 @@ def _reference(source, inputs) -> tuple[str, object]:
     if source.onnx_model is not None:
         import onnxruntime as ort
 
-        sess = ort.InferenceSession(
-            source.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"]
-        )
-        feed = {i.name: x for i, x in zip(sess.get_inputs(), inputs)}
-        outs = sess.run(None, feed)
+        from .errors import PlusError
+
+        try:
+            sess = ort.InferenceSession(
+                source.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"]
+            )
+            feed = {i.name: x for i, x in zip(sess.get_inputs(), inputs)}
+            outs = sess.run(None, feed)
+        except Exception as err:  # noqa: BLE001 - the reference's own refusal, of any type
+            lines = str(err).strip().splitlines()
+            raise PlusError(
+                f"the reference (ONNX Runtime) cannot run this model: "
+                f"{lines[-1] if lines else type(err).__name__}; --no-check skips the comparison"
+            ) from None
         return "onnxruntime", tuple(outs) if len(outs) > 1 else outs[0]
     return "", None
 
@@ -412,10 +504,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     ).run()
     print(format_table(result))
     if args.json_path:
-        _write(args.json_path, lambda p: _dump_json(result, p))
+        _write(args.json_path, lambda f: _dump_json(result, f))
         print(f"wrote {args.json_path}")
     if args.plot:
-        _write(args.plot, lambda p: plot(result, p))
+        _write_to(args.plot, lambda p: plot(result, p))
         print(f"wrote {args.plot}")
     if result["invalid"]:
         print(
@@ -430,6 +522,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .costmodel.calibrate import QUIET_LOAD, calibrate, write
     from .costmodel.learned import user_path
+    from .errors import OutputWriteError
     from .gir.model import figures_key
     from .target import resolve_target
 
@@ -454,10 +547,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         min_ms=args.min_ms,
     )
     path = args.output or user_path(target.kind.name, figures_key(target))
-    _write(path, lambda p: write(data, p))
+    try:
+        write(data, path)  # (atomic and private itself: the default path is in the cache)
+    except OSError as err:
+        raise OutputWriteError(f"cannot write {path}: {err.strerror or err}") from None
     if args.records:
         kept = {"records": measured.records, "pairs": measured.pairs, "seconds": measured.seconds}
-        _write(args.records, lambda p: _dump_json(kept, p))
+        _write(args.records, lambda f: _dump_json(kept, f))
     summary = {
         "model": path,
         "samples": data["samples"],
@@ -511,7 +607,7 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
     if args.zoo_command == "export":
         entry = zoo.get(args.name)
         path = args.output
-        _write(path, lambda p: zoo.export_onnx(entry, p, dynamic_batch=args.dynamic_batch))
+        _write_to(path, lambda p: zoo.export_onnx(entry, p, dynamic_batch=args.dynamic_batch))
         print(f"wrote {path} ({entry.name}, inputs {', '.join(entry.input_names())})")
         return 0
     entries = [zoo.get(n) for n in zoo.names()]
@@ -594,9 +690,8 @@ COMMANDS = {
 }
 
 
-def _dump_json(data: object, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
+def _dump_json(data: object, f) -> None:  # noqa: ANN001
+    f.write(json.dumps(data, indent=1).encode())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -605,7 +700,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .errors import PlusError
     from .quiet import quiet
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as err:
+        print(f"plus-tvm: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
     try:
         with interrupt.guard(), quiet(enabled=not (args.verbose or args.debug)):
             return COMMANDS[args.command](args)

@@ -30,14 +30,28 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
-from .errors import TVM_REFUSAL, InputError, ModelLoadError, OutputWriteError, PlusError
+from .errors import (
+    TVM_REFUSAL,
+    InputError,
+    ModelLoadError,
+    OutputWriteError,
+    PlusError,
+    service_error,
+)
+from .output_files import check_target, replace_atomically, write_bytes
 from .runtime import native, use_native
 from .runtime.native import torch_versions
-from .signature import InputSpec, as_numpy, check_inputs
+from .signature import (
+    SIGNATURE_FUNCTION,
+    InputSpec,
+    as_numpy,
+    check_inputs,
+    signature_text,
+)
 from .target import device_for, target_json, target_name
 from .tvm_libs import compiler_available
 
-FORMAT = "plus_tvm.compiled/2"
+FORMAT = "plus_tvm.compiled/3"  # 3: the executable carries its signature
 _READABLE_FORMATS = (FORMAT,)
 
 
@@ -113,8 +127,12 @@ class CompiledModel:
         source: object | None = None,
         weight_sources: Sequence[WeightSource | None] | None = None,
         baked: Sequence[WeightSource] = (),
+        origin: str = "the compiled model",
     ) -> None:
         self.executable = executable
+        self._origin = origin  # what messages call it (a loaded model: its path)
+        self._signature_seen = False
+        self._ran_in: int | None = None  # the process that last built a VM (fork_safety)
         self.target = target
         self.device = device_for(target)
         self.inputs = inputs
@@ -156,14 +174,20 @@ class CompiledModel:
         """Run on inputs from :meth:`prepare`; returns TVM tensors (synchronised)."""
         _, weights = self._vm()
         main = self._local.main
-        if self._openmp:
-            before = native.use_openmp(True)
-            try:
+        try:
+            if self._openmp:
+                before = native.use_openmp(True)
+                try:
+                    out = main(*prepared, *weights)
+                finally:
+                    native.use_openmp(before)
+            else:
                 out = main(*prepared, *weights)
-            finally:
-                native.use_openmp(before)
-        else:
-            out = main(*prepared, *weights)
+        except RuntimeError as err:  # a runtime service's error, as TVM's VM hands it back
+            found = service_error(err)
+            if found is None:
+                raise
+            raise found from None
         if not self._cpu:  # (a CPU call has returned when its results are written)
             self.device.sync()
         return out
@@ -178,16 +202,66 @@ class CompiledModel:
             )
         weights = self._current_weights()
         vm = getattr(self._local, "vm", None)
+        if self._ran_in not in (None, os.getpid()):
+            self._forked()  # a fork since the last run: this process's own VM, if it can run
+            vm = None
         if vm is None:
             with self._lock:  # VM construction reads the shared executable
                 if self._cpu:
                     # the VM resolves kernel names when it is built, and the JIT module starts
                     # with the parallel launch in force then
                     use_native()
-                vm = self._local.vm = VirtualMachine(self.executable, self.device)
+                try:
+                    vm = VirtualMachine(self.executable, self.device)
+                except TVM_REFUSAL as err:  # code for another machine (an -mtriple, -mcpu)
+                    triple = target_json(self.target).get("mtriple", "")
+                    raise PlusError(
+                        f"cannot run {self._origin} on this machine (compiled for "
+                        f"{target_name(self.target)} {triple}): {_last_line(err)}; export it "
+                        "and run it on the machine it was compiled for"
+                    ) from None
+                self._check_signature(vm)
+                self._local.vm = vm
                 self._local.main = vm["main"]  # (a lookup through the FFI: once, not per call)
+                self._ran_in = os.getpid()
         self._device_seen = True  # (a device does not go away under a process)
         return vm, weights
+
+    def _forked(self) -> None:
+        """In a child forked after this model ran: OpenMP's pool runs on one thread here
+        (:mod:`plus_tvm.fork_safety`); TVM's pool would hang, so a model on it refuses."""
+        if self._cpu and not self._openmp:
+            raise PlusError(
+                f"{self._origin} ran on TVM's thread pool before this process was forked, and "
+                "that pool does not survive a fork: start worker processes with "
+                "multiprocessing's 'spawn' or 'forkserver' method, or compile with "
+                "cpu_parallel='openmp' (the default where the native library is available)"
+            )
+        self._local = threading.local()  # the parent's VMs stay the parent's
+        self._lock = threading.Lock()  # (a lock held by another parent thread stays held)
+
+    def _check_signature(self, vm: VirtualMachine) -> None:
+        """The executable's own signature (inputs, index ranges, weight count) must be the one
+        this model was described with: an edited json must not reach TVM's raw checks or
+        widen an index range (the executable's is the truth; the json's digests only catch
+        accidents). Called with the lock held."""
+        if self._signature_seen:
+            return
+        wanted = signature_text(self.inputs, len(self._weights))
+        try:
+            own = str(vm[SIGNATURE_FUNCTION]())
+        except (AttributeError, *TVM_REFUSAL):
+            raise ModelLoadError(
+                f"{self._origin}: the executable carries no signature (not built by this "
+                "version of plus_tvm); export the model again"
+            ) from None
+        if own != wanted:
+            raise ModelLoadError(
+                f"{self._origin}: the model description does not match its executable "
+                f"({_first_difference(json.loads(own), json.loads(wanted))}): the .json was "
+                "edited or belongs to another model; export the model again"
+            )
+        self._signature_seen = True
 
     def _current_weights(self) -> list:
         changed = self._baked_followed.changed()
@@ -259,7 +333,7 @@ class CompiledModel:
             )
         path = os.fspath(path)
         for name in (path, path + ".params", path + ".json"):
-            probe_writable(name)
+            check_target(name)
         with self._lock:
             values = list(self._weights)
             names = [src.name if src is not None else None for src in self._sources]
@@ -279,26 +353,31 @@ class CompiledModel:
             if i not in aliases and i not in external
         }
         blob = tvm.runtime.save_param_dict(params)
-        try:
-            self.executable.export_library(path)
-            with open(path + ".params", "wb") as f:
-                f.write(blob)
-            meta = {
-                "format": FORMAT,
-                "target": target_json(self.target),
-                "inputs": [s.to_dict() for s in self.inputs],
-                "num_params": len(values),
-                "weight_names": names,
-                "aliases": {str(i): j for i, j in aliases.items()},
-                "external": {str(i): e for i, e in external.items()},
-                "sha256": {"library": _sha256_file(path), "params": _sha256(blob)},
-                "stats": self.stats,
-            }
-            with open(path + ".json", "w") as f:
-                json.dump(meta, f, indent=1, default=str)
-        except OSError as err:
-            raise OutputWriteError(f"cannot write {path}: {err.strerror or err}") from None
+        # each file whole or not at all, never written through a link at its path
+        replace_atomically(path, lambda tmp: self._link(tmp, path))
+        write_bytes(path + ".params", blob)
+        meta = {
+            "format": FORMAT,
+            "target": target_json(self.target),
+            "inputs": [s.to_dict() for s in self.inputs],
+            "num_params": len(values),
+            "weight_names": names,
+            "aliases": {str(i): j for i, j in aliases.items()},
+            "external": {str(i): e for i, e in external.items()},
+            "sha256": {"library": _sha256_file(path), "params": _sha256(blob)},
+            "stats": self.stats,
+        }
+        write_bytes(path + ".json", json.dumps(meta, indent=1, default=str).encode())
         return path
+
+    def _link(self, tmp: str, path: str) -> None:
+        """The executable as a shared library at ``tmp`` (TVM runs the C++ linker)."""
+        try:
+            self.executable.export_library(tmp)
+        except TVM_REFUSAL as err:  # the linker failed: a full disk, a read-only folder
+            raise OutputWriteError(
+                f"cannot write {path}: the library could not be linked ({_last_line(err)})"
+            ) from None
 
     # ----------------------------------------------------------------------------- display
     def __repr__(self) -> str:
@@ -382,7 +461,28 @@ def load(path: str, weights: object = None) -> CompiledModel:
     except TVM_REFUSAL as err:
         raise ModelLoadError(f"{path} is not a loadable library: {_last_line(err)}") from None
     stats = meta.get("stats", {})
-    return CompiledModel(executable, target, params, inputs, stats, weight_sources=sources)
+    model = CompiledModel(
+        executable, target, params, inputs, stats, weight_sources=sources, origin=f"{path}.json"
+    )
+    if _is_cpu(model.device):
+        model._vm()  # the executable's signature checked now (on a GPU: at the first call)
+    return model
+
+
+def _first_difference(own: dict, described: dict) -> str:
+    """Where the executable's signature and the description differ, in words."""
+    if own.get("num_params") != described.get("num_params"):
+        takes = own.get("num_params")
+        return f"{described.get('num_params')} weights described, the executable takes {takes}"
+    mine, theirs = own.get("inputs", []), described.get("inputs", [])
+    if len(mine) != len(theirs):
+        return f"{len(theirs)} inputs described, the executable takes {len(mine)}"
+    for a, b in zip(mine, theirs):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                name = a.get("name", "?")
+                return f"input {name}: {key} described as {b.get(key)}, built for {a.get(key)}"
+    return "they differ"
 
 
 def _is_cpu(device: object) -> bool:
@@ -442,25 +542,6 @@ def share_tied_weights(params: list, sources: Sequence[WeightSource | None]) -> 
         if j != i:
             out[i] = out[j]
     return out
-
-
-def probe_writable(path: str) -> None:
-    """Raise :class:`OutputWriteError` unless ``path`` can be created or overwritten.
-
-    Tries for real (permission bits do not stop root, and some file systems refuse files
-    whatever the bits say); a file the probe created is removed again.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise OutputWriteError(f"cannot write {path}: folder {folder} does not exist")
-    existed = os.path.exists(path)
-    try:
-        with open(path, "ab"):
-            pass
-    except OSError as err:
-        raise OutputWriteError(f"cannot write {path}: {err.strerror or err}") from None
-    if not existed:
-        os.remove(path)
 
 
 def _sha256(data: bytes) -> str:

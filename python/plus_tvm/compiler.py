@@ -26,6 +26,7 @@ from .errors import (
     ModelLoadError,
     OutputWriteError,
     PlusError,
+    service_error,
 )
 from .frontend import num_inputs
 from .index_inputs import index_input_ranges
@@ -33,7 +34,8 @@ from .ir_dump import PhaseDumper
 from .loader import LoadedModel, load_model
 from .options import Options
 from .pipeline import PHASE_NAMES, phase_passes
-from .signature import InputSpec
+from .progress import CompileProgress
+from .signature import SIGNATURE_FUNCTION, InputSpec, signature_text
 from .stats import PipelineRecorder, contraction_flops, count_ops, host_nodes, kernel_stats
 from .target import resolve_target, target_name
 from .tvm_default import tvm_post_lowering_passes, tvm_pre_lowering_passes
@@ -87,6 +89,7 @@ def pre_lowering(
     pipeline: str,
     dumper: PhaseDumper | None = None,
     recorder: PipelineRecorder | None = None,
+    progress: CompileProgress | None = None,
 ) -> tuple[tvm.IRModule, dict[str, object]]:
     """Run phases 1-4 (or TVM's equivalent) on a loaded model and collect the statistics: the
     module :func:`compile` hands to code generation, and :func:`inspect`'s stats.
@@ -97,7 +100,7 @@ def pre_lowering(
         raise PlusError(f"unknown pipeline {pipeline!r}; choose one of {list(PIPELINES)}")
     start = time.perf_counter()
     recorder = recorder or PipelineRecorder()
-    tracker = _PassTracker()
+    tracker = _PassTracker(progress)
     instruments = [recorder, tracker] + ([dumper] if dumper is not None else [])
     passes = (
         phase_passes(target, options, _PRE_LOWERING)
@@ -175,12 +178,15 @@ class _PassTracker:
     """Remembers which passes are running (a pass that raises is never "after"), so that an
     internal error can name its phase and pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: CompileProgress | None = None) -> None:
         self.running: list[str] = []
+        self.progress = progress
 
     def run_before_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
         del mod
         self.running.append(info.name)
+        if self.progress is not None:
+            self.progress.update(self.where())
 
     def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
         del mod
@@ -204,6 +210,9 @@ def _naming_the_pass(tracker: _PassTracker, codegen: bool = False):
         raise
     except Exception as err:  # noqa: BLE001 - re-raised, naming the phase and the pass
         interrupt.check()
+        found = service_error(err)  # a pass met a bad constant (an index out of range)
+        if found is not None:
+            raise found from None
         lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
         reason = f"{type(err).__name__}: {lines[-1] if lines else ''}"
         where = tracker.where() if tracker.running else ("code generation" if codegen else "?")
@@ -232,17 +241,31 @@ def inspect(
         options = resolve_inputs(tgt, options)
         dumper = PhaseDumper(options.dump_ir, PHASE_NAMES) if options.dump_ir else None
         recorder = PipelineRecorder()
-        mod, stats = pre_lowering(loaded, tgt, options, pipeline, dumper, recorder)
-        if _graphs(tgt, pipeline):  # the CUDA-graph passes run for their report
-            try:
-                _post_lowering(mod, tgt, options, [recorder, *([dumper] if dumper else [])])
-            except InternalCompileError as err:
-                if not isinstance(err.__cause__, TVM_REFUSAL):
-                    raise
-                stats["cuda_graph"] = _refused(options, err.__cause__)  # as the build would
-            else:
-                stats["cuda_graph"] = _cuda_graph_stats(recorder, options)
+        progress = CompileProgress(loaded.name)
+        try:
+            mod, stats = pre_lowering(loaded, tgt, options, pipeline, dumper, recorder, progress)
+            if _graphs(tgt, pipeline):  # the CUDA-graph passes run for their report
+                stats["cuda_graph"] = _capture_report(mod, tgt, options, recorder, dumper)
+        finally:
+            progress.close()
         return stats
+
+
+def _capture_report(
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    options: Options,
+    recorder: PipelineRecorder,
+    dumper: PhaseDumper | None,
+) -> dict[str, object]:
+    """``stats["cuda_graph"]`` of :func:`inspect`: phases 5-6 run as Relax passes for it."""
+    try:
+        _post_lowering(mod, target, options, [recorder, *([dumper] if dumper else [])])
+    except InternalCompileError as err:
+        if not isinstance(err.__cause__, TVM_REFUSAL):
+            raise
+        return _refused(options, err.__cause__)  # as the build would fail
+    return _cuda_graph_stats(recorder, options)
 
 
 def compile(  # noqa: A001 - the public name of the contract
@@ -295,16 +318,24 @@ def _compile(
     options = resolve_inputs(tgt, options)
     dumper = PhaseDumper(options.dump_ir, PHASE_NAMES) if options.dump_ir else None
     recorder = PipelineRecorder()
-    mod, stats = pre_lowering(loaded, tgt, options, pipeline, dumper, recorder)
-    post = (
-        phase_passes(tgt, options, _POST) if pipeline == "plus" else tvm_post_lowering_passes(tgt)
-    )
-    tracker = _PassTracker()
-    instruments = [recorder, tracker] + ([dumper] if dumper is not None else [])
-    with _context(instruments), _naming_the_pass(tracker, codegen=True):
-        executable = tvm.compile(
-            mod, tgt, relax_pipeline=tvm.transform.Sequential(post, name=f"{pipeline}.post")
+    progress = CompileProgress(loaded.name)
+    try:
+        mod, stats = pre_lowering(loaded, tgt, options, pipeline, dumper, recorder, progress)
+        post = (
+            phase_passes(tgt, options, _POST)
+            if pipeline == "plus"
+            else tvm_post_lowering_passes(tgt)
         )
+        tracker = _PassTracker(progress)
+        instruments = [recorder, tracker] + ([dumper] if dumper is not None else [])
+        specs = input_specs(loaded.mod)
+        mod = with_signature(mod, signature_text(specs, len(weight_names)))
+        with _context(instruments), _naming_the_pass(tracker, codegen=True):
+            executable = tvm.compile(
+                mod, tgt, relax_pipeline=tvm.transform.Sequential(post, name=f"{pipeline}.post")
+            )
+    finally:
+        progress.close()
     if _graphs(tgt, pipeline):
         stats["cuda_graph"] = _cuda_graph_stats(recorder, options)
     stats["compile_s"] = round(time.perf_counter() - start, 3)
@@ -315,9 +346,18 @@ def _compile(
     ]
     params = share_tied_weights(params, sources)
     baked = [WeightSource(name, tensor) for name, tensor in loaded.baked_tensors]
-    return CompiledModel(
-        executable, tgt, params, input_specs(loaded.mod), stats, loaded, sources, baked
-    )
+    return CompiledModel(executable, tgt, params, specs, stats, loaded, sources, baked)
+
+
+def with_signature(mod: tvm.IRModule, text: str) -> tvm.IRModule:
+    """``mod`` with the function :data:`SIGNATURE_FUNCTION` returning ``text``: the executable
+    then carries its own signature, which ``plus_tvm.load`` compares with the model's json."""
+    bb = relax.BlockBuilder()
+    with bb.function(SIGNATURE_FUNCTION, []):
+        bb.emit_func_output(tvm.ir.StringImm(text))
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
+    out[SIGNATURE_FUNCTION] = bb.get()[SIGNATURE_FUNCTION]
+    return out
 
 
 def _writable_folder(folder: str, what: str) -> None:

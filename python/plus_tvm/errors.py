@@ -43,12 +43,46 @@ class InputError(PlusError, ValueError):
     """Inputs passed to a compiled model do not match its signature (count, shape or dtype)."""
 
 
+class IndexOutOfRangeError(PlusError, IndexError):
+    """An index a gather or scatter uses is outside the tensor it indexes (checked as the model
+    runs, or at compile time for a constant); the message names the operator, the node, the
+    value, its position and the valid range."""
+
+
+class HostNodeError(PlusError, RuntimeError):
+    """A node run on the host (ONNX's reference implementation) refused the values it got as
+    the model ran; the message names the node."""
+
+
+# What the runtime's services (packed functions the VM calls) put in the message of an error
+# they raise on bad values: TVM hands such an error back as a bare RuntimeError (from a run, or
+# from a pass that evaluated the service at compile time), and :func:`service_error` finds
+# the user-facing error again by its marker.
+INDEX_MARKER = "index out of range: "
+HOST_NODE_MARKER = "(run on the host by ONNX's reference implementation) failed"
+_SERVICE_ERRORS = ((INDEX_MARKER, IndexOutOfRangeError), (HOST_NODE_MARKER, HostNodeError))
+
+
+def service_error(err: BaseException) -> PlusError | None:
+    """The user-facing error behind ``err`` when a runtime service raised it, else None."""
+    text = str(err)
+    for marker, kind in _SERVICE_ERRORS:
+        if marker in text:
+            return kind(text[text.find(marker) if kind is IndexOutOfRangeError else 0 :].strip())
+    return None
+
+
 class OutputWriteError(PlusError, OSError):
     """An output file or folder (``-o``, ``dump_ir``, ``--json``) cannot be written."""
 
 
 class EnvVarError(PlusError, ValueError):
     """An environment variable plus_tvm reads (``plus_tvm.env``) has a value it cannot use."""
+
+
+class CacheDirError(PlusError):
+    """plus_tvm's cache folder cannot be created or used (not writable, not a folder); not an
+    ``OSError``, so that code falling back on a missing file does not hide it."""
 
 
 class UnsafeCacheError(PlusError):

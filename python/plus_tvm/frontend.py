@@ -135,10 +135,13 @@ def torch_weight_tensors(
     return kept, baked
 
 
-def _node_location(node: object) -> str:
+def node_location(node: object) -> str:
+    """`` (File "...", line N, in forward)``: where the fx node comes from, or ``""``."""
     trace = getattr(node, "meta", {}).get("stack_trace") or ""
     lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip().startswith("File ")]
-    return f" ({lines[-1]})" if lines else ""
+    # the innermost frame of the user's code (an nn.Embedding's own forward is torch's)
+    own = [ln for ln in lines if f"{os.sep}torch{os.sep}" not in ln] or lines
+    return f" ({own[-1]})" if own else ""
 
 
 def _check_torch_ops(program: torch.export.ExportedProgram, known: set[str]) -> None:
@@ -148,7 +151,7 @@ def _check_torch_ops(program: torch.export.ExportedProgram, known: set[str]) -> 
         name = getattr(node.target, "__name__", str(node.target))
         if name not in known:
             raise UnsupportedOperatorError(
-                f"unsupported torch operator {name} at node '{node.name}'{_node_location(node)}: "
+                f"unsupported torch operator {name} at node '{node.name}'{node_location(node)}: "
                 "TVM 0.27's torch importer has no converter for it"
             )
 
@@ -168,7 +171,7 @@ def _naming_errors(op_name: str, fn: Callable) -> Callable:
             msg = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
             raise UnsupportedOperatorError(
                 f"cannot import torch operator {op_name} at node '{node.name}'"
-                f"{_node_location(node)}: {msg}"
+                f"{node_location(node)}: {msg}"
             ) from err
 
     return convert
@@ -255,7 +258,6 @@ def from_onnx(
 def load_onnx(path_or_proto: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     """Load and check an ONNX model, with errors that name the file."""
     import onnx
-    from google.protobuf.message import DecodeError
 
     if isinstance(path_or_proto, onnx.ModelProto):
         model = path_or_proto
@@ -266,10 +268,14 @@ def load_onnx(path_or_proto: str | os.PathLike | onnx.ModelProto) -> onnx.ModelP
             raise ModelLoadError(f"ONNX file not found: {where}")
         try:
             model = onnx.load(where)
-        except (OSError, ValueError, DecodeError) as err:
-            raise ModelLoadError(f"cannot parse ONNX file {where}: {err}") from None
+        except Exception as err:  # noqa: BLE001 - onnx's parsers refuse a file with any type
+            # (external data pointing outside the model's folder: a ValidationError; a .json
+            # nested too deep: protobuf's ParseError; a truncated file: DecodeError)
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelLoadError(f"cannot load ONNX file {where}: {first}") from None
     if not model.graph.node and not model.graph.output:
         raise ModelLoadError(f"{where} holds no ONNX graph (empty or not an ONNX model)")
+    _check_onnx_header(model, where)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as err:
@@ -279,6 +285,28 @@ def load_onnx(path_or_proto: str | os.PathLike | onnx.ModelProto) -> onnx.ModelP
         msg = str(err).strip().splitlines()[0]
         warnings.warn(f"{where}: ONNX's checker: {msg}", stacklevel=2)
     return model
+
+
+def _check_onnx_header(model: onnx.ModelProto, where: str) -> None:
+    """Refuse what no importer can read right: an opset newer than the onnx package knows (its
+    operators' meaning is unknown), an input declared with a negative dimension."""
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx") and not 1 <= entry.version <= newest:
+            raise ModelLoadError(
+                f"{where}: ONNX opset {entry.version} is outside 1..{newest}, the opsets this "
+                "onnx package defines"
+            )
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else ()
+        for axis, dim in enumerate(dims):
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                raise ModelLoadError(
+                    f"{where}: input {value.name} is declared with dimension {dim.dim_value} "
+                    f"at axis {axis} (a dimension is >= 0, or a name for a symbolic one)"
+                )
 
 
 def _check_onnx_ops(model: onnx.ModelProto, where: str) -> None:

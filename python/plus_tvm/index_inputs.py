@@ -20,6 +20,7 @@ import tvm
 from tvm import relax
 
 from .frontend import num_inputs
+from .runtime.index_check import NAME as CHECK_NAME
 from .signature import IndexRange
 
 # ops that hand every value of their first operand on unchanged
@@ -86,6 +87,32 @@ def index_input_ranges(mod: tvm.IRModule, func: str = "main") -> dict[str, Index
     return ranges
 
 
+def traced_input(expr: relax.Expr, values: dict, inputs: dict) -> str | None:
+    """The name of the model input ``expr`` is a view of (``values``: the bindings by variable,
+    ``inputs``: the model inputs' parameters to their names), else None."""
+    traced = _trace(expr, values, inputs)
+    return traced[0] if traced is not None else None
+
+
+def normalised_source(expr: relax.Expr, values: dict) -> relax.Expr | None:
+    """``i`` when ``expr`` is bound to ONNX's negative-index normalisation of it
+    (``where(i < 0, i + n, i)``), else None."""
+    value = values.get(expr)
+    if isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.where":
+        if _normalises_negatives(value, values):
+            return value.args[2]
+    return None
+
+
+def is_index_check(value: object) -> bool:
+    """A ``plus.check_indices`` call (a runtime guard the frontend or ``CheckIndexBounds``
+    puts on an index operand): its result is its first operand, unchanged."""
+    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+        return False
+    callee = value.args[0] if value.op.name == "relax.call_pure_packed" and value.args else None
+    return isinstance(callee, relax.ExternFunc) and str(callee.global_symbol) == CHECK_NAME
+
+
 def _trace(expr: relax.Expr, values: dict, inputs: dict) -> tuple[str, bool] | None:
     """The model input ``expr`` carries unchanged, and whether negatives are normalised."""
     negatives = False
@@ -95,7 +122,9 @@ def _trace(expr: relax.Expr, values: dict, inputs: dict) -> tuple[str, bool] | N
         value = values.get(expr)
         if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
             return None
-        if value.op.name in _VALUE_PRESERVING:
+        if is_index_check(value):
+            expr = value.args[1]
+        elif value.op.name in _VALUE_PRESERVING:
             if not _integer(value.args[0]):
                 return None
             expr = value.args[0]

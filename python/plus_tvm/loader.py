@@ -66,6 +66,8 @@ def load_model(model: object, example_args: object = None) -> LoadedModel:
             return _load_torch(module, args or example_args, name=model, source="torch")
         if model.endswith(".onnx") or os.path.exists(model):
             return _load_onnx(model)
+        if os.path.splitext(model)[1]:  # a file name: say so, not "cannot tell"
+            raise ModelLoadError(f"model file not found: {model}")
         raise ModelLoadError(
             f"cannot tell what model {model!r} is: use zoo:NAME, a .onnx file or python:MODULE:ATTR"
         )

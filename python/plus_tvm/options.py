@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import os
 import typing
 from dataclasses import dataclass, field
 
@@ -238,6 +240,29 @@ class Options:
                 raise OptionsError(
                     f"option {name} must be true or false, got {getattr(self, name)!r}"
                 )
+        for name in ("fusion_alpha", "fusion_beta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise OptionsError(f"option {name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise OptionsError(f"option {name} must be finite, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if not isinstance(self.fusion_seed, int) or isinstance(self.fusion_seed, bool):
+            raise OptionsError(f"option fusion_seed must be an integer, got {self.fusion_seed!r}")
+        for name in ("cost_model_file", "dump_ir"):  # a path, or None
+            value = getattr(self, name)
+            if isinstance(value, os.PathLike):
+                object.__setattr__(self, name, os.fspath(value))
+            elif value is not None and not isinstance(value, str):
+                raise OptionsError(f"option {name} must be a path (a string), got {value!r}")
+        if not isinstance(self.cost_model_id, str):
+            raise OptionsError(f"option cost_model_id must be a string, got {self.cost_model_id!r}")
+        for name in ("warehouse", "warehouse_env"):
+            value = getattr(self, name)
+            if value is None and name == "warehouse_env":
+                continue
+            if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+                raise OptionsError(f"option {name} must be folder paths (strings), got {value!r}")
 
     # ------------------------------------------------------------------ helpers
     def gir_enabled(self, target: object) -> bool:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import env
-from .errors import UnsafeCacheError
+from .errors import CacheDirError, UnsafeCacheError
 
 PRIVATE_MODE = 0o700
 
@@ -105,11 +105,17 @@ def private_dir(*parts: str, root: str | os.PathLike | None = None) -> Path:
         A folder on the way is another user's, is writable by group or others, or is a file.
     """
     folder = Path(root) if root is not None else cache_root()
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    _private_folder(folder)
-    for part in parts:
-        folder = folder / part
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
         _private_folder(folder)
+        for part in parts:
+            folder = folder / part
+            _private_folder(folder)
+    except OSError as err:  # (not writable, on /proc, a read-only or full disk ...)
+        raise CacheDirError(
+            f"cannot use {folder} as plus_tvm's cache folder: {err.strerror or err}; set "
+            f"{env.CACHE_DIR} to a folder you can write"
+        ) from None
     return folder
 
 

@@ -47,7 +47,9 @@ def dispatch_phase(
     if options.fold_constants:
         passes.append(p.FoldStaticSubgraphs())  # masks, position tables: computed once here
     passes += [
-        p.WrapTakeIndices(),  # no gather reads outside its table; -n..-1 from the end
+        p.WrapTakeIndices(),  # -n..-1 count from the end, as in torch and ONNX
+        # every gather / scatter index in range: checked on the host (CPU), clamped (GPU)
+        p.CheckIndexBounds(on_host=not _is_gpu(target)),
         p.GlobalPoolToMean(),
         p.Conv1dAsConv2d(),  # the 2-D convolution entries and the layout plan then apply
         p.CanonicalizeBatchMatmul(),  # batched matmuls over the 4-D operands torch flattened

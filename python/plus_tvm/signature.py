@@ -9,11 +9,22 @@ fills it in from the IRModule (:func:`plus_tvm.compiler.input_specs`,
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import InputError
+
+#: the function every compiled executable carries that returns its signature as JSON
+#: (:func:`signature_text`): what ``plus_tvm.load`` compares the model's json with
+SIGNATURE_FUNCTION = "plus_signature"
+
+
+def signature_text(specs: list[InputSpec], num_params: int) -> str:
+    """The signature a compiled executable carries: its inputs and its weight count."""
+    data = {"inputs": [s.to_dict() for s in specs], "num_params": int(num_params)}
+    return json.dumps(data, sort_keys=True)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,25 @@ def resolve_target(target: str | dict | tvm.target.Target | None) -> tvm.target.
     ``"llvm"``/``"cpu"`` is the host CPU with its core count and ``mcpu``; ``"cuda"`` is the local
     GPU's architecture, or sm_90 when no GPU is present (code generation needs no device).
     """
+    return _supported(_resolve(target))
+
+
+#: the target kinds plus_tvm compiles for and runs on (the pipeline's phases and the runtime's
+#: devices are written for these)
+KINDS = ("llvm", "cuda")
+
+
+def _supported(target: tvm.target.Target) -> tvm.target.Target:
+    kind = target.kind.name
+    if kind not in KINDS:
+        raise TargetError(
+            f"target kind {kind!r} is not supported: plus_tvm compiles for {', '.join(KINDS)} "
+            "(TVM's own pipeline may take others: tvm.compile without plus)"
+        )
+    return target
+
+
+def _resolve(target: str | dict | tvm.target.Target | None) -> tvm.target.Target:
     if target is None:
         target = "llvm"
     if isinstance(target, tvm.target.Target):

@@ -42,6 +42,7 @@ from tvm import relax
 
 from .errors import InputRefusedError
 from .moe_converters import MOE_CONVERTERS
+from .torch_index_converters import INDEX_CONVERTERS
 
 __all__ = ["custom_convert_map"]
 
@@ -286,6 +287,7 @@ def custom_convert_map() -> dict[str, Converter]:
         "cat.default": cat_skip_empty,
         "div.Tensor_mode": div_mode_typed_scalar,
         **MOE_CONVERTERS,  # ops 0.27 has no converter for at all
+        **INDEX_CONVERTERS,  # indexing with torch's bounds checked
     }
     for key in FLOAT_RESULT_OPS:
         fixes[key] = promote_to_result_dtype(key)

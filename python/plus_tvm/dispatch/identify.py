@@ -70,28 +70,31 @@ class Identifier:
         self.entries = entries
         self.max_members = max_members
         self.exclude = exclude
+        self._states: dict = {}  # (+Graph, entries) -> _match_state's result, for this run
 
     # --------------------------------------------------------------------------- algorithm 1
     def run(self) -> list[Match]:
         unfused = [n.index for n in self.g.nodes if n.fusible and n.index not in self.exclude]
         unfused_set = set(unfused)
+        # algorithm 1's order: the first unfused skeleton, else the first unfused operator
+        # (in program order every producer of the first one is fused already: it is a root).
+        # Both scans only move forward past taken operators: linear in the block's size.
+        skeletons = [i for i in unfused if self._is_skeleton(i)]
+        next_skeleton = next_any = 0
         matches: list[Match] = []
-        while unfused:
-            start = next((i for i in unfused if self._is_skeleton(i)), None)
-            if start is None:
-                start = next(
-                    (
-                        i
-                        for i in unfused
-                        if not any(p in unfused_set for p in self.g.nodes[i].inputs)
-                    ),
-                    unfused[0],
-                )
+        while unfused_set:
+            while next_skeleton < len(skeletons) and skeletons[next_skeleton] not in unfused_set:
+                next_skeleton += 1
+            if next_skeleton < len(skeletons):
+                start = skeletons[next_skeleton]
+            else:
+                while unfused[next_any] not in unfused_set:
+                    next_any += 1
+                start = unfused[next_any]
             found = self._match_from(start, unfused_set)
             taken = set(found.members) if found is not None else {start}
             if found is not None:
                 matches.append(found)
-            unfused = [i for i in unfused if i not in taken]
             unfused_set -= taken
         return matches
 
@@ -158,10 +161,18 @@ class Identifier:
         return dataclasses.replace(archived, fallbacks=tuple(history))
 
     def _state(self, builder: PlusGraphBuilder, entries: list | None = None):  # noqa: ANN202
-        """(entries still reachable, entries fully matched with their size bindings)."""
+        """(entries still reachable, entries fully matched with their size bindings), memoised
+        by +Graph and entries: an element-wise operator joins the loops already there, so a
+        long chain of them gives the same +Graph again and again."""
         graph = builder.graph()
-        batch = unbatched(graph)  # the forest a leading batch loop repeats, if any
         pool = self.entries if entries is None else entries
+        key = (graph, tuple(id(e) for e in pool))
+        if key not in self._states:
+            self._states[key] = self._match_state(graph, pool)
+        return self._states[key]
+
+    def _match_state(self, graph: PlusGraph, pool: list):  # noqa: ANN202
+        batch = unbatched(graph)  # the forest a leading batch loop repeats, if any
 
         def forms(e) -> tuple[PlusGraph, ...]:  # noqa: ANN001
             return (graph, batch) if e.batched and batch is not None else (graph,)

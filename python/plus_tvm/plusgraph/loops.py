@@ -119,6 +119,11 @@ _PAR = {"para": True, "parallelizable": True, "non-para": False, "non-paralleliz
 _SIZE = re.compile(r"^(\d+|[A-Za-z_][A-Za-z_0-9]*(\s*\*\s*([A-Za-z_][A-Za-z_0-9]*|\d+))*)$")
 
 
+#: deepest loop nest a +Graph may declare (a tensor has no more axes than this in practice;
+#: deeper text is refused with its line instead of exhausting Python's recursion)
+MAX_DEPTH = 64
+
+
 def parse_plusgraph(text: str) -> PlusGraph:
     """Parse the canonical text (see the module docstring) into a ``PlusGraph``.
 
@@ -143,6 +148,10 @@ def parse_plusgraph(text: str) -> PlusGraph:
         if indent % 2:
             raise PlusGraphSyntaxError(lineno, "indentation must be a multiple of two spaces")
         depth = indent // 2
+        if depth >= MAX_DEPTH:
+            raise PlusGraphSyntaxError(
+                lineno, f"loops nested {depth + 1} deep; a +Graph nests at most {MAX_DEPTH}"
+            )
         if int(m.group("num")) != expected_num:
             raise PlusGraphSyntaxError(
                 lineno, f"loops are numbered in order: expected loop{expected_num}"

@@ -117,7 +117,15 @@ class DecisionCache:
     :class:`~plus_tvm.paths.CacheWarning` names it) and is replaced on the next decision."""
 
     def __init__(self, path: str | None = None) -> None:
-        self.path = path or default_cache_path()
+        self._path = path  # None: the cache root's file, found when first needed
+
+    @property
+    def path(self) -> str:
+        """The decisions file (created folders: only when first read or written, never at
+        import: a bad cache root must not break ``import plus_tvm``)."""
+        if self._path is None:
+            self._path = default_cache_path()
+        return self._path
 
     def get(self, key: str) -> str | None:
         return self._read().get(key)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import HOST_NODE_MARKER
+
 NAME = "plus.onnx_host"
 
 
@@ -90,10 +92,8 @@ def run(*args: object) -> object:
     try:
         outs = node.reference.run(None, feeds)
     except Exception as err:  # noqa: BLE001 - the reference raises anything on bad values
-        raise RuntimeError(
-            f"ONNX {node.description} (run on the host by ONNX's reference implementation) "
-            f"failed: {type(err).__name__}: {err}"
-        ) from None
+        why = f"{type(err).__name__}: {err}"
+        raise RuntimeError(f"ONNX {node.description} {HOST_NODE_MARKER}: {why}") from None
     results = [
         tvm.runtime.tensor(np.asarray(o, dtype=d, order="C"), device)  # (0-d stays 0-d)
         for o, d in zip(outs, node.dtypes)

@@ -1,0 +1,101 @@
+"""Index bounds checked as the model runs (``plus.check_indices``).
+
+TVM's gather and scatter kernels (``take``, ``gather_elements``, ``gather_nd``,
+``scatter_elements``, ``scatter_nd``, ``index_tensor``, ``index_put``) read and write without
+bounds checks: an index outside the indexed extent reads neighbouring memory, writes past the
+buffer or ends the process. torch and ONNX Runtime raise an error instead. Every such index
+operand of a compiled model goes through
+
+    R.call_pure_packed("plus.check_indices", indices, R.shape(extents), config)
+
+(the torch frontend emits it with torch's semantics, the ``CheckIndexBounds`` pass for every
+other indexing op), which returns ``indices`` unchanged when every value is in range and
+raises otherwise, naming the operator, the node, the offending value and position, and the
+model input the index comes from. ``config`` (``key=value;...``):
+
+- ``op``: the operator (``gather``, ``relax.scatter_nd`` ...), ``node``: the node or binding;
+- ``neg``: 1 when ``-n..-1`` are valid (they count from the end), else the range is
+  ``[0, n)``;
+- ``last``: 1 when the last axis holds one coordinate per extent (``gather_nd``: coordinate
+  ``j`` of each index tuple against ``extents[j]``), else every value against ``extents[0]``;
+- ``input``: the model input the indices are a view of, if any.
+
+A call reads the indices on the host (a view on CPU, no copy): a few microseconds per indexing
+op. It runs on CPU targets; on GPU the pass clamps instead (memory-safe without an error: a
+host check would cut the CUDA graph and synchronise).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import INDEX_MARKER
+
+NAME = "plus.check_indices"
+
+_KEYS = ("op", "node", "neg", "last", "input")
+
+
+def config_text(op: str, node: str, negative: bool, last: bool, source: str = "") -> str:
+    """The ``config`` string of a check (no ``;`` or ``=`` inside a value)."""
+    values = dict(zip(_KEYS, (op, node, str(int(negative)), str(int(last)), source)))
+    return ";".join(f"{k}={str(v).replace(';', ',').replace('=', ':')}" for k, v in values.items())
+
+
+def parse(text: str) -> dict[str, str]:
+    """``config_text``'s fields, by key."""
+    fields = dict(part.split("=", 1) for part in str(text).split(";") if "=" in part)
+    unknown = set(fields) - set(_KEYS)
+    if unknown:
+        raise ValueError(f"{NAME}: unknown config keys {sorted(unknown)}")
+    return fields
+
+
+def first_out_of_range(
+    values: np.ndarray, extents: list[int], negative: bool, last: bool
+) -> tuple[tuple[int, ...], int, int, int] | None:
+    """(position, value, low, high) of the first index outside its range, else None."""
+    if values.size == 0:
+        return None
+    high = np.asarray(extents, dtype=np.int64)
+    if not last:
+        high = high[:1]
+    low = -high if negative else np.zeros_like(high)
+    bad = (values < low) | (values >= high)
+    if not bad.any():
+        return None
+    pos = tuple(int(p) for p in np.argwhere(bad)[0])
+    column = pos[-1] if last else 0
+    return pos, int(values[pos]), int(low[column]), int(high[column])
+
+
+def message(fields: dict[str, str], found: tuple, shape: tuple) -> str:
+    pos, value, low, high = found
+    where = f"{fields.get('op', '?')} {fields.get('node', '')}".strip()
+    source = f" (from input {fields['input']})" if fields.get("input") else ""
+    coordinate = f", coordinate {pos[-1]}" if fields.get("last") == "1" else ""
+    return (
+        f"{INDEX_MARKER}{where}: index {value} at position {list(pos)} of indices of shape "
+        f"{list(shape)}{source} is outside [{low}, {high}){coordinate}"
+    )
+
+
+def run(indices: object, extents: object, config: str) -> object:
+    """``plus.check_indices(indices, extents, config)``: ``indices``, or an error."""
+    fields = parse(config)
+    if indices.device.dlpack_device_type() == 1:  # kDLCPU: read in place
+        values = np.from_dlpack(indices)
+    else:
+        values = indices.numpy()
+    found = first_out_of_range(
+        values, [int(e) for e in extents], fields.get("neg") == "1", fields.get("last") == "1"
+    )
+    if found is not None:
+        raise RuntimeError(message(fields, found, values.shape))
+    return indices
+
+
+def register() -> None:
+    import tvm_ffi
+
+    tvm_ffi.register_global_func(NAME, run, override=True)
