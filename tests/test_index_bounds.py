@@ -202,3 +202,15 @@ def test_gpu_builds_clamp_instead_of_calling_the_host():
         out = tvm.transform.Sequential(phase_passes(cuda, plus_tvm.Options(), ("dispatch",)))(mod)
     text = out["main"].script()
     assert "plus.check_indices" not in text and "R.minimum" in text
+
+
+def test_a_check_returns_a_copy_never_its_input():
+    """The VM frees the input's planned storage after its last use, the check: a result that
+    aliased it was overwritten before the gather read it (DeBERTa-v2's embeddings)."""
+    from plus_tvm.runtime import index_check
+
+    indices = tvm.runtime.tensor(np.arange(3, dtype=np.int64))
+    config = index_check.config_text("take", "t", negative=False, last=False)
+    out = index_check.run(indices, [5], config)
+    assert np.from_dlpack(out).ctypes.data != np.from_dlpack(indices).ctypes.data
+    np.testing.assert_array_equal(np.from_dlpack(out), [0, 1, 2])

@@ -4,6 +4,7 @@ errors raised on the caller, and compiled models equal under both pools."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import threading
@@ -214,7 +215,9 @@ def test_the_launch_is_measured_on_each_pool():
     assert middle - before >= 20
     tvm_pool = pool_launch_us(TARGET, 2, calls=20, pool="tvm")
     assert native.openmp_launches() == middle  # TVM's measurement launched on TVM's pool
-    assert 0 <= openmp < 1000 and 0 <= tvm_pool < 1000
+    # (a measured cost is a finite number; how large it is depends on the machine's load:
+    # timings are for benchmarks, not tests)
+    assert all(math.isfinite(t) and t >= 0 for t in (openmp, tvm_pool))
 
 
 def test_compiling_and_running_loads_one_openmp_runtime_and_no_xgboost():

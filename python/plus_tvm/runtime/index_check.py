@@ -9,7 +9,7 @@ operand of a compiled model goes through
     R.call_pure_packed("plus.check_indices", indices, R.shape(extents), config)
 
 (the torch frontend emits it with torch's semantics, the ``CheckIndexBounds`` pass for every
-other indexing op), which returns ``indices`` unchanged when every value is in range and
+other indexing op), which returns a copy of ``indices`` when every value is in range and
 raises otherwise, naming the operator, the node, the offending value and position, and the
 model input the index comes from. ``config`` (``key=value;...``):
 
@@ -81,7 +81,13 @@ def message(fields: dict[str, str], found: tuple, shape: tuple) -> str:
 
 
 def run(indices: object, extents: object, config: str) -> object:
-    """``plus.check_indices(indices, extents, config)``: ``indices``, or an error."""
+    """``plus.check_indices(indices, extents, config)``: a copy of ``indices``, or an error.
+
+    A copy, not ``indices`` itself: the VM plans the input's storage as free after its last
+    use (this call), so a result aliasing it could be overwritten before the gather reads it.
+    """
+    import tvm
+
     fields = parse(config)
     if indices.device.dlpack_device_type() == 1:  # kDLCPU: read in place
         values = np.from_dlpack(indices)
@@ -92,7 +98,7 @@ def run(indices: object, extents: object, config: str) -> object:
     )
     if found is not None:
         raise RuntimeError(message(fields, found, values.shape))
-    return indices
+    return tvm.runtime.tensor(np.array(values, copy=True), indices.device)
 
 
 def register() -> None:
