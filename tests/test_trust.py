@@ -478,3 +478,142 @@ def test_a_model_on_tvms_pool_refuses_in_a_forked_child(compiled, monkeypatch):
     monkeypatch.setattr(compiled, "_ran_in", os.getpid() + 1)  # as if it ran in a parent
     with pytest.raises(PlusError, match="'spawn' or 'forkserver'"):
         compiled(np.zeros((10, 4), np.float32), np.array([0, 1, 2]))
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2
+
+
+def _relu_onnx(path, opset: int = 17, dims=(1, 4)) -> str:
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Relu", ["x"], ["y"], name="r")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(dims))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.opset_import[0].version = opset
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _external_data_outside(tmp_path) -> str:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        initializer=[w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "ext.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="w.bin", size_threshold=0)
+    model = onnx.load(str(path), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = "../../../etc/passwd"  # outside the model's folder
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _case(tmp_path, name):  # noqa: PLR0911 - one arm per hostile input
+    """(argv, environment changes, words the one line must hold) of a hostile input."""
+    import numpy as np
+
+    ok = _relu_onnx(tmp_path / "ok.onnx")
+    if name == "external data outside the folder":
+        return ["run", _external_data_outside(tmp_path)], {}, "points outside"
+    if name == "opset 99":
+        return ["run", _relu_onnx(tmp_path / "o.onnx", opset=99)], {}, "opset 99"
+    if name == "a negative dimension":
+        return ["run", _relu_onnx(tmp_path / "n.onnx", dims=(1, -3))], {}, "dimension -3"
+    if name == "the reference refuses the model":
+        return ["run", _relu_onnx(tmp_path / "o1.onnx", opset=1)], {}, "--no-check"
+    if name == "--inputs of a .npy":
+        np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+        return ["run", ok, "--inputs", str(tmp_path / "x.npy")], {}, ".npz archive"
+    if name == "an object array in the .npz":
+        np.savez(tmp_path / "o.npz", x=np.array([object()], dtype=object))
+        return ["run", ok, "--inputs", str(tmp_path / "o.npz")], {}, "Object arrays"
+    if name == "a cache root on /proc":
+        return ["run", ok], {env.CACHE_DIR: "/proc/plus_tvm_cache"}, "cache folder"
+    if name == "a cache root that is a file":
+        (tmp_path / "afile").write_text("x")
+        return ["run", ok], {env.CACHE_DIR: str(tmp_path / "afile")}, "needs a folder"
+    if name == "target kind c":
+        return ["run", ok, "--target", '{"kind": "c"}'], {}, "not supported"
+    if name == "code for another CPU":
+        triple = '{"kind": "llvm", "mtriple": "aarch64-linux-gnu"}'
+        return ["run", ok, "--target", triple], {}, "cannot run"
+    if name == "--rtol nan":
+        return ["run", ok, "--rtol", "nan"], {}, "finite number >= 0"
+    if name == "a negative tolerance":
+        return ["run", ok, "--atol=-1e-3"], {}, "finite number >= 0"
+    if name == "a JSON nested 100,000 deep":
+        (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)
+        return ["run", str(tmp_path / "deep.json")], {}, "cannot load ONNX file"
+    if name == "a warehouse graph nested 3,000 deep":
+        lines = "".join("  " * i + f"loop{i} [N{i}, para]\n" for i in range(3000))
+        (tmp_path / "wh").mkdir()
+        (tmp_path / "wh" / "deep.toml").write_text(
+            'name = "deep"\ndescription = "x"\nallow_prologue = false\nallow_epilogue = false\n'
+            f'priority = 1\ngraph = """\n{lines}"""\n[[implementation]]\n'
+            'name = "torch.linear"\ntarget = "any"\n'
+        )
+        return ["warehouse", "validate", str(tmp_path / "wh")], {}, "nests at most"
+    if name == "a missing library":
+        return ["run", str(tmp_path / "nothere.so")], {}, "not found"
+    raise AssertionError(name)
+
+
+BAD_INPUTS = [
+    "external data outside the folder",
+    "opset 99",
+    "a negative dimension",
+    "the reference refuses the model",
+    "--inputs of a .npy",
+    "an object array in the .npz",
+    "a cache root on /proc",
+    "a cache root that is a file",
+    "target kind c",
+    "code for another CPU",
+    "--rtol nan",
+    "a negative tolerance",
+    "a JSON nested 100,000 deep",
+    "a warehouse graph nested 3,000 deep",
+    "a missing library",
+]
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_bad_input_exits_2_with_one_line(tmp_path, monkeypatch, capsys, name):
+    """Each was an internal error (exit 1, a raw exception or a RecursionError) or silently
+    accepted (``--rtol nan`` turned the check off)."""
+    from plus_tvm import cli
+
+    argv, environment, words = _case(tmp_path, name)
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert code == 2, err
+    assert lines[-1].startswith("plus-tvm: error:") and words in lines[-1], err
+    assert "Traceback" not in err
+
+
+def test_options_of_the_wrong_type_are_refused():
+    from plus_tvm import Options, OptionsError
+
+    for bad in ({"dump_ir": 123}, {"fusion_alpha": float("nan")}, {"warehouse": [1]}):
+        with pytest.raises(OptionsError, match=next(iter(bad))):
+            Options(**bad)
