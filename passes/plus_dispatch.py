@@ -304,6 +304,9 @@ def _choose(match, ctx, graph, kind, cost, report, machine):  # noqa: ANN001, AN
             if call is None:
                 report.declined[f"{entry.name}: {impl.name} cannot express it"] += 1
                 continue
+            if not _one_float_dtype(call, graph):
+                report.declined[f"{entry.name}: {impl.name} mixes float dtypes"] += 1
+                continue
             if cost is not None and not _library_pays(
                 call, match, graph, cost, kind, report, machine
             ):
@@ -311,6 +314,18 @@ def _choose(match, ctx, graph, kind, cost, report, machine):  # noqa: ANN001, AN
                 return None
             return entry, impl, call
     return None
+
+
+def _one_float_dtype(call: LibraryCall, graph: OpGraph) -> bool:
+    """A library kernel computes in one float dtype: its float operands and its outputs agree
+    (a half-precision GEMM whose float32 accumulator the binder did not round stays TIR)."""
+    outs = [graph.nodes[i].var for i in (call.final, *call.extra)]
+    dtypes = {
+        str(e.ty.dtype)
+        for e in (*call.args, *outs)
+        if isinstance(e.ty, relax.TensorType) and str(e.ty.dtype).startswith(("float", "bfloat"))
+    }
+    return len(dtypes) <= 1
 
 
 def _library_pays(call: LibraryCall, match, graph, cost, kind: str, report, machine) -> bool:  # noqa: ANN001, PLR0913

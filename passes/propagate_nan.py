@@ -63,6 +63,9 @@ def _is_reduction(block: object) -> bool:
 def _nan_minmax(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
     if not isinstance(e, (tirx.Max, tirx.Min)) or "float" not in str(e.ty):
         return None
+    dtype = str(e.ty)
+    if dtype in _HALF:
+        return _half_nan_minmax(e, dtype)
     # an operand that is more than a load or a constant is bound once (``Let``): it is used
     # three times below, and it may hold ``Let`` bindings of its own that must stay unique
     lets = []
@@ -92,7 +95,23 @@ def _nan_minmax(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
     return out
 
 
+def _half_nan_minmax(e: tvm.ir.Expr, dtype: str) -> tvm.ir.Expr:
+    """The NaN-keeping min / max of half-precision operands: compared in float32 (TVM has no
+    isnan for half types; exact, both are half values), the chosen one rounded back (exact
+    too), with no ``Let`` (TVM's bfloat16 legalization retypes expressions but not a Let's
+    variable, and its vectorizer then bound one variable twice)."""
+    a, b = tirx.Cast("float32", e.a), tirx.Cast("float32", e.b)
+    if _number(e.a) and not _number(e.b):
+        a, b = b, a
+    if _number(e.a) or _number(e.b):
+        keep = tirx.LT(a, b) if isinstance(e, tirx.Max) else tirx.GT(a, b)
+        return tirx.Cast(dtype, tirx.Select(keep, b, a))
+    both = type(e)(a, b)
+    return tirx.Cast(dtype, tirx.Select(a != a, a, tirx.Select(b != b, b, both)))
+
+
 _PLAIN = (tirx.Var, tvm.ir.TensorLoad, tirx.FloatImm, tirx.IntImm, tirx.Broadcast)
+_HALF = ("float16", "bfloat16")
 
 
 def _number(e: object) -> bool:

@@ -157,8 +157,11 @@ class CompiledModel:
         self._device_seen = False
 
     # ----------------------------------------------------------------------------- running
-    def __call__(self, *inputs: object) -> np.ndarray | tuple[np.ndarray, ...]:
-        return _to_numpy(self.run_prepared(self.prepare(*inputs)))
+    def __call__(self, *inputs: object) -> object:
+        """Run the model: numpy arrays in, numpy arrays out; torch tensors in (any of the
+        inputs), torch tensors out, on the model's device (no copy to the host)."""
+        out = self.run_prepared(self.prepare(*inputs))
+        return _to_torch(out) if any(_is_torch(x) for x in inputs) else _to_numpy(out)
 
     def prepare(self, *inputs: object) -> list:
         """Check inputs and place them on the device (separate so benchmarks can time runs)."""
@@ -561,6 +564,18 @@ def _last_line(err: BaseException) -> str:
     lines = [ln.strip() for ln in str(err).replace("\x00", "").splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln.lower() and "detected in the comp" not in ln]
     return (errors or lines or [type(err).__name__])[-1]
+
+
+def _is_torch(value: object) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "__dlpack__")
+
+
+def _to_torch(out: object) -> object:
+    import torch  # (loaded already: an input was a torch tensor)
+
+    if isinstance(out, tvm.runtime.Tensor):
+        return torch.from_dlpack(out)  # (a tensor the VM made for this call: no copy needed)
+    return tuple(_to_torch(o) for o in out)
 
 
 def _to_numpy(out: object) -> np.ndarray | tuple:

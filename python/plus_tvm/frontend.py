@@ -94,7 +94,10 @@ def export_torch(
 def import_exported(program: torch.export.ExportedProgram) -> tuple[tvm.IRModule, Params]:
     """Import a decomposed exported program to Relax (weights kept as inputs)."""
     from .torch_fixes import custom_convert_map  # importer bug workarounds
+    from .torch_half import compute_as_torch, is_half_program
 
+    if is_half_program(program):  # matmul / conv / norm ops computed as torch does
+        compute_as_torch(program)
     custom = custom_convert_map()
     importer = _NamingImporter()
     _check_torch_ops(program, set(importer.convert_map) | set(custom))

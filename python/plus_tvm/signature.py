@@ -113,7 +113,13 @@ def as_numpy(value: object) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensor
-        return value.detach().cpu().numpy()
+        tensor = value.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":  # numpy has no bfloat16: ml_dtypes' (TVM's)
+            import ml_dtypes
+            import torch  # (loaded already: value is a torch tensor)
+
+            return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.numpy()
     if hasattr(value, "numpy") and callable(value.numpy):  # tvm.runtime.Tensor
         return value.numpy()
     return np.asarray(value)

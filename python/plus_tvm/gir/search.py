@@ -238,6 +238,13 @@ def plan(
 REFUSED = "a TVM schedule primitive refused every lowering of the plan"
 
 
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def _reads_or_writes_half(func: tirx.PrimFunc) -> bool:
+    return any(str(getattr(p, "dtype", "")) in HALF_DTYPES for p in func.params)
+
+
 def plan_for_rule(
     func: object,
     target: tvm.target.Target,
@@ -258,6 +265,11 @@ def plan_for_rule(
         reason = f"a {target.kind.name} target"
     elif func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
         reason = "already scheduled"
+    elif kind == "llvm" and _reads_or_writes_half(func):
+        # TVM 0.27's LLVM code for GIR's vectorized reductions over bfloat16 loads returned
+        # wrong values (softmax: garbage maxima); until plans stage half buffers in float32,
+        # such kernels keep TVM's own schedule
+        reason = "half-precision buffers"
     if reason is not None:
         if why is not None:
             why.append(reason)

@@ -1,0 +1,102 @@
+"""Half-precision models (float16, bfloat16) compile, return the model's dtype and are no less
+accurate than torch eager in that dtype.
+
+The accuracy contract: against a float64 run of the same rounded weights and inputs, plus's
+error (max |err| / max |ref|) is at most twice torch eager's own, plus a small floor."""
+
+from __future__ import annotations
+
+import copy
+
+import ml_dtypes
+import numpy as np
+import plus_tvm
+import pytest
+import torch
+from plus_tvm import zoo
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# the floor: a few units in the last place of the dtype (torch's own error can be ~0)
+FLOOR = {"bf16": 2.0**-7, "fp16": 2.0**-10}
+
+
+def _cast(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return a.to(dtype) if a.is_floating_point() else a
+
+
+def _first(out: object) -> torch.Tensor:
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    return getattr(out, "last_hidden_state", getattr(out, "logits", out))
+
+
+def _errors(model: torch.nn.Module, args: tuple, dtype: torch.dtype) -> tuple[float, float, object]:
+    """(plus's relative error, torch eager's, plus's output) against float64."""
+    half = copy.deepcopy(model).eval().to(dtype)
+    wide = copy.deepcopy(half).double()
+    hargs = tuple(_cast(a, dtype) for a in args)
+    with torch.no_grad():
+        ref = _first(wide(*[_cast(a, torch.float64) for a in hargs])).double()
+        eager = _first(half(*hargs)).double()
+    got = _first(plus_tvm.compile(half, example_args=hargs)(*hargs))
+    scale = float(ref.abs().max())
+    plus_err = float((got.double() - ref).abs().max()) / scale
+    return plus_err, float((eager - ref).abs().max()) / scale, got
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("name", [n for n in zoo.names() if n.endswith("-tiny")])
+def test_zoo_models_in_half_precision_are_as_accurate_as_torch(name, dtype):
+    model, args = zoo.load(name)
+    plus_err, torch_err, got = _errors(model, args, DTYPES[dtype])
+    assert isinstance(got, torch.Tensor) and got.dtype == DTYPES[dtype]  # torch in, torch out
+    assert plus_err <= 2 * torch_err + FLOOR[dtype], (plus_err, torch_err)
+
+
+def test_a_float32_model_is_imported_as_before():
+    """The half-precision rewrite touches no float32 program."""
+    from plus_tvm.frontend import export_torch
+    from plus_tvm.torch_half import compute_as_torch, is_half_program
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)).eval()
+    program = export_torch(model, (torch.randn(2, 8),))
+    before = str(program.graph)
+    assert not is_half_program(program) and compute_as_torch(program) == 0
+    assert str(program.graph) == before
+
+
+def test_contractions_accumulate_in_float32_and_round_once():
+    """A bfloat16 linear: the product in float32, the bias added before the one rounding."""
+    from plus_tvm.frontend import export_torch, import_exported
+
+    model = torch.nn.Linear(64, 32).eval().to(torch.bfloat16)
+    mod, _ = import_exported(export_torch(model, (torch.randn(4, 64, dtype=torch.bfloat16),)))
+    text = mod["main"].script()
+    assert 'out_dtype="float32"' in text and 'R.astype(p_bias, dtype="float32")' in text
+    assert text.count('dtype="bfloat16")') >= 1 and "main(" in text
+    ret = mod["main"].ret_ty
+    assert str(ret.dtype) == "bfloat16"
+
+
+def test_norms_and_softmax_compute_in_float32():
+    x = torch.randn(3, 256) * 40  # a wide softmax: rounding each exp in bf16 would show
+    model = torch.nn.Sequential(torch.nn.LayerNorm(256), torch.nn.Softmax(-1))
+    plus_err, torch_err, _ = _errors(model, (x,), torch.bfloat16)
+    assert plus_err <= 2 * torch_err + FLOOR["bf16"]
+
+
+def test_numpy_bfloat16_in_numpy_out():
+    model = torch.nn.Linear(8, 4).eval().to(torch.bfloat16)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    cm = plus_tvm.compile(model, example_args=(x,))
+    arr = x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    out = cm(arr)
+    assert isinstance(out, np.ndarray) and out.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(out.astype(np.float32), cm(x).float().numpy())
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_nan_goes_through_max_and_relu_in_half(dtype):
+    model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.MaxPool1d(2))
+    x = torch.tensor([[[1.0, float("nan"), -2.0, 3.0]]], dtype=DTYPES[dtype])
+    got = plus_tvm.compile(model, example_args=(x,))(x)
+    torch.testing.assert_close(got, model(x), equal_nan=True)
