@@ -13,7 +13,15 @@ from __future__ import annotations
 from tvm import relax
 
 from ...runtime.attention import ATTENTION_SPEC
-from .common import Ctx, LibraryCall, permute_axes, pre_binding, shape_of
+from .common import (
+    Ctx,
+    LibraryCall,
+    dtype_of,
+    half_accumulation,
+    permute_axes,
+    pre_binding,
+    shape_of,
+)
 
 _VIEWS = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.broadcast_to"}
 
@@ -162,6 +170,9 @@ class _Scores:
         self.ctx = ctx
         self.q = q
         self.pre = pre
+        # a half-precision attention: the products accumulate in float32, the softmax runs
+        # in float32, and casts between the two dtypes come between (SDPA does the same)
+        self.half = half_accumulation(ctx, m1)
         self.cur = m1
         self.absorbed = [m1]
         self.scale = 1.0
@@ -188,6 +199,8 @@ class _Scores:
         op, call = ctx.op(nxt), ctx.call(nxt)
         if op in _VIEWS and _numel(call.args[0]) == _numel(ctx.var(nxt)):
             return True
+        if op == "relax.astype":
+            return _between(self.half, call.args[0], ctx.var(nxt))
         if op in ("relax.multiply", "relax.divide") and not self.softmax and not self.masks:
             return self._scale(op, call)
         if op == "relax.add" and not self.softmax:
@@ -242,13 +255,24 @@ class _Scores:
         return True
 
 
-def _output_views(ctx: Ctx, cur: int, absorbed: list[int]) -> tuple[int, str]:
-    """Views and the head permute after the output's matmul that the call writes directly:
-    (the last one absorbed, ``out_layout``); appends them to ``absorbed``."""
+def _between(half: str | None, source: relax.Expr, result: relax.Expr) -> bool:
+    """A cast between a half dtype and float32, either way (a half attention's)."""
+    pair = {dtype_of(source), dtype_of(result)}
+    return half is not None and pair == {half, "float32"}
+
+
+def _output_views(
+    ctx: Ctx, cur: int, absorbed: list[int], half: str | None
+) -> tuple[int, str]:
+    """Views and the head permute after the output's matmul that the call writes directly
+    (and, for a half attention, the rounding of its float32 product): (the last one
+    absorbed, ``out_layout``); appends them to ``absorbed``."""
     out_layout = "bhsd"
     while (nxt := ctx.follow(cur)) is not None and out_layout == "bhsd":
         op, call = ctx.op(nxt), ctx.call(nxt)
-        if op in _VIEWS and _numel(call.args[0]) == _numel(ctx.var(nxt)):
+        if op == "relax.astype" and _between(half, call.args[0], ctx.var(nxt)):
+            pass
+        elif op in _VIEWS and _numel(call.args[0]) == _numel(ctx.var(nxt)):
             if len(shape_of(ctx.var(nxt))) not in (3, 4):
                 break
         elif (
@@ -277,7 +301,7 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     if v is None:
         return None
     absorbed = scores.absorbed
-    cur, out_layout = _output_views(ctx, scores.cur, absorbed)
+    cur, out_layout = _output_views(ctx, scores.cur, absorbed, scores.half)
     if len(shape_of(ctx.var(cur))) != 4:
         return None
     if all(t[0] is not None for t in (q, k, v)):

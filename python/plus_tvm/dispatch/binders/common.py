@@ -171,6 +171,38 @@ class Ctx:
         return i is None or i < position
 
 
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def half_accumulation(ctx: Ctx, index: int) -> str | None:
+    """The half dtype of a contraction that accumulates in float32 (half operands,
+    ``out_dtype="float32"``: how half-precision models are imported), else None."""
+    call = ctx.call(index)
+    dtypes = {dtype_of(a) for a in call.args if isinstance(a.ty, relax.TensorType)}
+    if len(dtypes) == 1 and dtypes <= set(HALF_DTYPES) and dtype_of(ctx.var(index)) == "float32":
+        return dtypes.pop()
+    return None
+
+
+def rounds_to(ctx: Ctx, index: int, dtype: str) -> bool:
+    """Binding ``index`` is ``astype(float32 value, dtype)``: the one rounding of a
+    float32-accumulated half-precision result."""
+    if ctx.op(index) != "relax.astype":
+        return False
+    source = ctx.call(index).args[0]
+    return dtype_of(source) == "float32" and dtype_of(ctx.var(index)) == dtype
+
+
+def widened(ctx: Ctx, expr: relax.Expr, dtype: str) -> relax.Expr | None:
+    """The ``dtype`` tensor behind ``astype(tensor, "float32")`` (a half bias or operand the
+    import widened for float32 accumulation), else None."""
+    found = ctx.block_call(expr)
+    if found is None or ctx.op(found[0]) != "relax.astype":
+        return None
+    source = found[1].args[0]
+    return source if dtype_of(source) == dtype else None
+
+
 def activation_of(op: str, call: relax.Call) -> str | None:
     """The library activation an operator is (``clip(x, 0, 6)`` is ``relu6``), else None."""
     if op in ACTIVATIONS:
@@ -190,18 +222,25 @@ def classify_add(
     ctx: Ctx,
     cur: int,
     nxt: int,
-    bias_fits,
+    bias_fits,  # noqa: ANN001
     can_bias: bool,
-    can_residual: bool,  # noqa: ANN001
+    can_residual: bool,
+    widened_from: str | None = None,
 ) -> tuple[str, relax.Expr] | None:
     """What ``add(cur, other)`` at ``nxt`` is to a library epilogue: ``("bias", other)`` for a
     weight whose shape ``bias_fits``, ``("residual", other)`` for an earlier tensor of the
-    result's shape, None for anything else (including ``cur + cur``)."""
+    result's shape, None for anything else (including ``cur + cur``). ``widened_from``: the
+    half dtype of a float32 accumulator, whose bias comes as ``astype(bias, "float32")``
+    (the half bias is returned)."""
     call = ctx.call(nxt)
     a, b = call.args
     other = b if a.same_as(ctx.var(cur)) else a
     if other.same_as(ctx.var(cur)):
         return None
+    if widened_from is not None:
+        other = widened(ctx, other, widened_from)
+        if other is None:
+            return None
     if can_bias and ctx.is_weight_view(other) and bias_fits(shape_of(other)):
         return "bias", other
     if can_residual and same_shape(other, ctx.var(nxt)) and ctx.defined_before(other, nxt):

@@ -14,9 +14,13 @@ from .common import (
     Ctx,
     LibraryCall,
     classify_add,
+    dtype_of,
+    half_accumulation,
     is_view_keeping_last,
     pre_binding,
+    rounds_to,
     shape_of,
+    widened,
 )
 
 
@@ -68,14 +72,24 @@ class _Epilogue:
         self.with_norm = with_norm
         self.cur = gemm
         self.absorbed = [gemm]
+        # a half-precision GEMM accumulates in float32: its bias comes widened, and one
+        # astype rounds to the half dtype; the call then computes in that dtype throughout
+        self.half = half_accumulation(ctx, gemm)
+        self.rounded = self.half is None
         self.bias: relax.Expr | None = None
         self.residual: relax.Expr | None = None
         self.act = "none"
         self.norm: relax.Call | None = None
         self.extra: list[int] = []
+        # a half model's LayerNorm runs in float32 between two casts: widened, then rounded
+        self.widened = self.norm_rounded = False
+
+    def done(self) -> bool:
+        """The LayerNorm (rounded back, in a half model) ends the chain."""
+        return self.norm is not None and (self.half is None or self.norm_rounded)
 
     def walk(self) -> None:
-        while self.norm is None:
+        while not self.done():
             nxt = self._next()
             if nxt is None:
                 if self._written_out_activation():
@@ -88,13 +102,25 @@ class _Epilogue:
 
     def _next(self) -> int | None:
         nxt = self.ctx.follow(self.cur)
-        if nxt is None and self.with_norm and self.cur != self.gemm:
+        if nxt is None and self.with_norm and self.cur != self.gemm and self.norm is None:
             # the sum is read again: the LayerNorm still comes in, the sum a second output
             readers = self.ctx.match.readers.get(self.cur, ())
-            nxt = next((c for c in readers if self.ctx.op(c) == "relax.nn.layer_norm"), None)
+            nxt = next((c for c in readers if self._leads_to_norm(c)), None)
             if nxt is not None:
                 self.extra.append(self.cur)
         return nxt
+
+    def _leads_to_norm(self, index: int) -> bool:
+        """``index`` is the LayerNorm, or in a half model the cast widening its input."""
+        if self.ctx.op(index) == "relax.nn.layer_norm":
+            return True
+        after = self.ctx.follow(index)
+        return (
+            self.half is not None
+            and self.ctx.op(index) == "relax.astype"
+            and after is not None
+            and self.ctx.op(after) == "relax.nn.layer_norm"
+        )
 
     def _may_activate(self) -> bool:
         return not self.with_norm and self.act == "none" and self.residual is None
@@ -114,12 +140,24 @@ class _Epilogue:
         op = ctx.op(nxt)
         if is_view_keeping_last(ctx, nxt):
             return True
+        if not self.rounded:  # the float32 accumulator: a widened bias, then the rounding
+            if op == "relax.add":
+                return self._add(nxt)
+            self.rounded = rounds_to(ctx, nxt, self.half)
+            return self.rounded
+        if self.norm is not None:  # (a half model's) the float32 LayerNorm's rounding
+            self.norm_rounded = rounds_to(ctx, nxt, self.half)
+            return self.norm_rounded
+        if op == "relax.astype" and self.half is not None and self.with_norm:
+            widens = dtype_of(ctx.call(nxt).args[0]) == self.half
+            self.widened = widens and dtype_of(ctx.var(nxt)) == "float32" and not self.widened
+            return self.widened
         if op == "relax.add":
             return self._add(nxt)
         if op in ACTIVATIONS and self._may_activate():
             self.act = ACTIVATIONS[op]
             return True
-        if op == "relax.nn.layer_norm" and self.with_norm:
+        if op == "relax.nn.layer_norm" and self.with_norm and self.widened == bool(self.half):
             call = ctx.call(nxt)
             rank = len(shape_of(ctx.var(nxt)))
             if [int(a) for a in call.attrs.axes] not in ([-1], [rank - 1]):
@@ -136,7 +174,8 @@ class _Epilogue:
             nxt,
             lambda shape: bool(shape) and shape[-1] == n and all(d == 1 for d in shape[:-1]),
             can_bias=self.bias is None and self.residual is None and self.act == "none",
-            can_residual=self.residual is None,
+            can_residual=self.residual is None and self.rounded,
+            widened_from=None if self.rounded else self.half,
         )
         if found is None:
             return False
@@ -155,8 +194,8 @@ def _bind(ctx: Ctx, members: tuple[int, ...], with_norm: bool) -> LibraryCall | 
     n = shape_of(w)[0 if layout == "nk" else 1]
     epi = _Epilogue(ctx, index, n, with_norm)
     epi.walk()
-    if with_norm and epi.norm is None:
-        return None
+    if (with_norm and not epi.done()) or not epi.rounded:
+        return None  # (a half GEMM's float32 result: no kernel returns it)
     cfg: dict[str, object] = {"w": layout, "bias": epi.bias is not None, "residual": False}
     args: list[relax.Expr] = [x, w]
     pre: list = []
@@ -187,10 +226,13 @@ def _bind(ctx: Ctx, members: tuple[int, ...], with_norm: bool) -> LibraryCall | 
     norm = epi.norm
     cfg.update(gamma=bool(norm.attrs.scale), beta=bool(norm.attrs.center))
     cfg["eps"] = float(norm.attrs.epsilon)
-    if norm.attrs.scale:
-        args.append(norm.args[1])
-    if norm.attrs.center:
-        args.append(norm.args[2])
+    for on, param in ((norm.attrs.scale, norm.args[1]), (norm.attrs.center, norm.args[2])):
+        if on:
+            # (a half model widened its gamma / beta for the float32 LayerNorm)
+            param = param if epi.half is None else widened(ctx, param, epi.half)
+            if param is None:
+                return None
+            args.append(param)
     if epi.extra:
         cfg["sum_out"] = True
     return LibraryCall(
