@@ -167,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated sequence lengths (a text model): plus compiled once with a "
         "symbolic sequence length, every backend timed at each length",
     )
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="run every backend with the model in this precision (model.to(dtype))",
+    )
     p.add_argument("--json", dest="json_path", help="write the result JSON to this file")
     p.add_argument("--plot", help="write a PNG bar chart to this file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -501,6 +507,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         budget_s=args.budget,
         progress=not args.no_progress,
         seq_lengths=args.seq_lengths,
+        dtype=args.dtype,
     ).run()
     print(format_table(result))
     if args.json_path:

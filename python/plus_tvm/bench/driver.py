@@ -88,7 +88,9 @@ class Backend:
 class _Worker:
     """A worker process and its two pipes (commands in, JSON replies out)."""
 
-    def __init__(self, kind: str, artifact: str, inputs: str, workdir: str, log: str) -> None:
+    def __init__(
+        self, kind: str, artifact: str, inputs: str, workdir: str, log: str, dtype: str = "fp32"
+    ) -> None:
         read_fd, write_fd = os.pipe()
         env = child_environment()
         # the worker unpickles the torch module: the classes must import there as here
@@ -104,6 +106,8 @@ class _Worker:
                     workdir,
                     "--result-fd",
                     str(write_fd),
+                    "--dtype",
+                    dtype,
                 ],
                 stdin=subprocess.PIPE,
                 stdout=log_file,
@@ -168,6 +172,16 @@ def _check_count(name: str, value: object, least: int) -> None:
         raise BenchError(f"{name} must be an integer of at least {least}, got {value!r}")
 
 
+def _float32(x: object) -> np.ndarray:
+    """A torch tensor as numpy; half precision widened to float32 (exact)."""
+    x = x.detach().cpu()
+    return (x.float() if x.is_floating_point() else x).numpy()
+
+
+#: --dtype -> torch's name of the dtype every backend runs in
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
 class Bench:
     """Sets the backends up, times them in their own processes, and summarises.
 
@@ -187,6 +201,10 @@ class Bench:
     budget_s : float
         Wall-clock budget per backend for timed runs (set-up and warm-up excluded); a backend
         stops being timed when it runs out and reports how many runs it got.
+    dtype : {"fp32", "bf16", "fp16"}
+        The precision every backend runs the model in: a torch model and its example inputs
+        are converted (``model.to(dtype)``) before plus compiles it, the torch peers run it so,
+        ONNX Runtime gets it exported in that dtype (where its CPU kernels take it).
     """
 
     def __init__(
@@ -201,7 +219,11 @@ class Bench:
         progress: bool = True,
         log: Callable[[str], None] | None = None,
         seq_lengths: Sequence[int] | None = None,
+        dtype: str = "fp32",
     ) -> None:
+        if dtype not in DTYPES:
+            raise BenchError(f"unknown dtype {dtype!r}; choose from {list(DTYPES)}")
+        self.dtype = dtype
         unknown = [b for b in backends if b not in BACKENDS and not b.startswith("plus:")]
         if unknown:
             raise BenchError(
@@ -236,10 +258,31 @@ class Bench:
         self.reference_name = ""
 
     # ------------------------------------------------------------------------------- set-up
+    def _in_dtype(self, loaded: LoadedModel) -> LoadedModel:
+        """The model as ``model.to(dtype)`` with its example inputs converted (a torch model)."""
+        import copy
+
+        import torch
+
+        if loaded.torch_module is None or loaded.example_inputs is None:
+            raise BenchError(f"--dtype {self.dtype} needs a torch model with example inputs")
+        dtype = getattr(torch, DTYPES[self.dtype])
+        module = copy.deepcopy(loaded.torch_module).eval().to(dtype)
+        args = tuple(
+            x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+            for x in loaded.example_inputs
+        )
+        self.log(f"[bench] converting the model to {dtype}")
+        half = load_model(module, args)
+        half.name = f"{loaded.name} ({self.dtype})"
+        return half
+
     def _example_inputs(self, loaded: LoadedModel, specs: list) -> tuple[np.ndarray, ...]:
+        """The inputs every worker gets: float ones as float32 (an .npz holds no bfloat16; the
+        workers convert them to the bench's dtype)."""
         if loaded.example_inputs is not None:
             return tuple(
-                np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, order="C")
+                np.asarray(_float32(x) if hasattr(x, "detach") else x, order="C")
                 for x in loaded.example_inputs
             )
         return tuple(np.asarray(x, order="C") for x in random_inputs(specs))
@@ -333,7 +376,7 @@ class Bench:
         os.makedirs(b.workdir, exist_ok=True)
         self.log(f"[bench] starting {b.name}")
         log = os.path.join(b.workdir, "log.txt")
-        worker = _Worker(b.kind, b.artifact, inputs_path, b.workdir, log)
+        worker = _Worker(b.kind, b.artifact, inputs_path, b.workdir, log, self.dtype)
         try:
             ready = worker.read(SETUP_TIMEOUT_S)
             if not ready["ready"]:
@@ -387,6 +430,8 @@ class Bench:
         with tempfile.TemporaryDirectory(prefix="plus-bench-") as workdir:
             self.log(f"[bench] importing {self.model}")
             self.loaded = load_model(self.model)
+            if self.dtype != "fp32":
+                self.loaded = self._in_dtype(self.loaded)
             if self.seq_lengths:
                 from ..dynamic_sequence import load_dynamic_sequence
 

@@ -73,22 +73,26 @@ def _reset_peak() -> bool:
 class _Runner:
     """Builds one backend's callable; ``threads`` describes the pools it uses."""
 
-    def __init__(self, kind: str, artifact: str, inputs: list[np.ndarray]) -> None:
+    def __init__(self, kind: str, artifact: str, inputs: list[np.ndarray], dtype: str) -> None:
         self.kind = kind
+        self.dtype = dtype
         self.fn = getattr(self, "_" + kind.replace("-", "_"))(artifact, inputs)
 
     def _plus(self, artifact: str, inputs: list[np.ndarray]):
         import plus_tvm
 
         cm = plus_tvm.load(artifact)
-        prepared = cm.prepare(*inputs)
+        prepared = cm.prepare(*[_as_dtype_numpy(x, self.dtype) for x in inputs])
         return lambda: cm.run_prepared(prepared)
 
-    @staticmethod
-    def _torch_runner(module, inputs: list[np.ndarray]):
+    def _torch_runner(self, module, inputs: list[np.ndarray]):
         import torch
 
-        args = tuple(torch.from_numpy(x) for x in inputs)
+        dtype = getattr(torch, TORCH_DTYPES[self.dtype])
+        args = tuple(
+            torch.from_numpy(x).to(dtype) if x.dtype.kind == "f" else torch.from_numpy(x)
+            for x in inputs
+        )
 
         def run():
             with torch.inference_mode():
@@ -118,7 +122,7 @@ class _Runner:
             raise ValueError(
                 f"the ONNX model takes {len(names)} inputs, the bench has {len(inputs)}"
             )
-        feed = dict(zip(names, inputs))
+        feed = dict(zip(names, (_as_dtype_numpy(x, self.dtype) for x in inputs)))
         return lambda: sess.run(None, feed)
 
     def threads(self) -> dict:
@@ -144,14 +148,31 @@ _LIBRARIES = {
 }
 
 
+# --dtype -> torch's name of it (the float inputs arrive as float32 and are cast here: an .npz
+# holds no bfloat16)
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _as_dtype_numpy(x: np.ndarray, dtype: str) -> np.ndarray:
+    """A float input in the bench's dtype (bfloat16 through ml_dtypes, TVM's)."""
+    if x.dtype.kind != "f" or dtype == "fp32":
+        return x
+    if dtype == "fp16":
+        return x.astype(np.float16)
+    import ml_dtypes
+
+    return x.astype(ml_dtypes.bfloat16)
+
+
 def _flatten(out) -> list[np.ndarray]:
+    """The outputs as numpy arrays, half precision widened to float32 for the .npz."""
     if isinstance(out, (list, tuple)):
         return [a for o in out for a in _flatten(o)]
     if hasattr(out, "detach"):
-        return [out.detach().cpu().numpy()]
-    if hasattr(out, "numpy"):
-        return [out.numpy()]
-    return [np.asarray(out)]
+        out = out.detach().cpu()
+        return [(out.float() if out.is_floating_point() else out).numpy()]
+    arr = out.numpy() if hasattr(out, "numpy") else np.asarray(out)
+    return [arr.astype(np.float32) if str(arr.dtype) in ("bfloat16", "float16") else arr]
 
 
 def _short(err: BaseException) -> str:
@@ -183,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("inputs")
     parser.add_argument("workdir")
     parser.add_argument("--result-fd", type=int, required=True)
+    parser.add_argument("--dtype", default="fp32", choices=sorted(TORCH_DTYPES))
     args = parser.parse_args(argv)
     results = os.fdopen(args.result_fd, "w")
 
@@ -198,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         base_kb = _status_kb("VmRSS")
         with np.load(args.inputs) as data:
             inputs = [np.asarray(data[f"arr_{i}"], order="C") for i in range(len(data.files))]
-        runner = _Runner(args.kind, args.artifact, inputs)
+        runner = _Runner(args.kind, args.artifact, inputs, args.dtype)
     except Exception as err:  # the driver reports a backend that cannot start
         traceback.print_exc()
         reply({"ready": False, "error": _short(err)})
