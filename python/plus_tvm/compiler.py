@@ -236,7 +236,7 @@ def inspect(
     with interrupt.guard():
         if options.dump_ir:
             _writable_folder(options.dump_ir, "dump_ir")
-        loaded = load_model(mod_or_model, example_args)
+        loaded = _load(mod_or_model, example_args, options)
         tgt = resolve_target(target)
         options = resolve_inputs(tgt, options)
         dumper = PhaseDumper(options.dump_ir, PHASE_NAMES) if options.dump_ir else None
@@ -305,7 +305,7 @@ def _compile(
     if options.dump_ir:
         _writable_folder(options.dump_ir, "dump_ir")
     tgt = resolve_target(target)
-    loaded = load_model(model, example_args)
+    loaded = _load(model, example_args, options)
     weight_names = [p.name for p in loaded.mod["main"].params[num_inputs(loaded.mod) :]]
     missing = [n for n in weight_names if n not in loaded.params]
     if missing:
@@ -358,6 +358,13 @@ def with_signature(mod: tvm.IRModule, text: str) -> tvm.IRModule:
     out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
     out[SIGNATURE_FUNCTION] = bb.get()[SIGNATURE_FUNCTION]
     return out
+
+
+def _load(model: object, example_args: object, options: Options) -> LoadedModel:
+    """The model imported, in the precision the options ask for."""
+    from .reduced_precision import in_precision
+
+    return in_precision(load_model(model, example_args), options.precision)
 
 
 def _writable_folder(folder: str, what: str) -> None:

@@ -27,6 +27,7 @@ COST_MODEL_CHOICES = ("auto", "analytic", "learned")
 FUSION_COST_CHOICES = ("bytes", "learned")
 GIR_COST_CHOICES = ("analytic", "learned")
 CPU_PARALLEL_CHOICES = ("openmp", "tvm")
+PRECISION_CHOICES = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,12 @@ class Options:
         Phase 4: float ``max`` / ``min`` in the generated kernels (ReLU, clip, max pooling,
         max reductions) return NaN when an operand is NaN, as torch does (``PropagateNaN``);
         off: TVM's semantics, which drop a NaN operand.
+    precision : {"fp32", "bf16", "fp16"}
+        Run a float32 torch model in reduced precision, as TensorRT's ``--fp16`` does: its
+        weights converted once at compile time, matrix products and convolutions accumulating
+        in float32, norms / softmax / reductions in float32 (one table:
+        ``plus_tvm.torch_half.FLOAT32_OPS``), inputs and outputs still float32
+        (:mod:`plus_tvm.reduced_precision`). ``fp32`` (default): the model's own dtypes.
     dump_ir : str or None
         Folder to which the IR after each pipeline phase is written (debugging aid).
     """
@@ -190,6 +197,7 @@ class Options:
     cuda_graph_max_sizes: int = 32
     fold_constants: bool = True
     propagate_nan: bool = True
+    precision: str = "fp32"
     dump_ir: str | None = None
 
     def __post_init__(self) -> None:
@@ -201,6 +209,7 @@ class Options:
         _check_choice("cuda_graph", self.cuda_graph, CUDA_GRAPH_CHOICES)
         _check_choice("conv_layout", self.conv_layout, CONV_LAYOUT_CHOICES)
         _check_choice("cpu_parallel", self.cpu_parallel, CPU_PARALLEL_CHOICES)
+        _check_choice("precision", self.precision, PRECISION_CHOICES)
         _check_choice("cost_model", self.cost_model, COST_MODEL_CHOICES)
         gir = self.gir
         if isinstance(gir, bool):
