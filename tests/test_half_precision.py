@@ -100,3 +100,39 @@ def test_nan_goes_through_max_and_relu_in_half(dtype):
     x = torch.tensor([[[1.0, float("nan"), -2.0, 3.0]]], dtype=DTYPES[dtype])
     got = plus_tvm.compile(model, example_args=(x,))(x)
     torch.testing.assert_close(got, model(x), equal_nan=True)
+
+
+@pytest.mark.parametrize("precision", sorted(DTYPES))
+@pytest.mark.parametrize("name", ["bert-base-tiny", "resnet50-tiny"])
+def test_precision_option_runs_a_float32_model_in_half(name, precision):
+    """Options(precision=...): weights converted once, float32 in and out, and against the
+    float32 model no less accurate than torch eager with the model converted."""
+    model, args = zoo.load(name)
+    with torch.no_grad():
+        ref = _first(model(*args)).double()
+        half = copy.deepcopy(model).eval().to(DTYPES[precision])
+        eager = _first(half(*[_cast(a, DTYPES[precision]) for a in args])).double()
+    options = plus_tvm.Options(precision=precision)
+    cm = plus_tvm.compile(model, example_args=args, options=options)
+    got = _first(cm(*args))
+    assert got.dtype == torch.float32 and cm.stats["options"]["precision"] == precision
+    scale = float(ref.abs().max())
+    plus_err = float((got.double() - ref).abs().max()) / scale
+    torch_err = float((eager - ref).abs().max()) / scale
+    assert plus_err <= 2 * torch_err + FLOOR[precision], (plus_err, torch_err)
+    assert cm.stats["library_calls"] > 0  # the half-precision library kernels ran
+
+
+def test_precision_needs_a_torch_model():
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(plus_tvm.OptionsError, match="torch model"):
+        plus_tvm.compile(model, options=plus_tvm.Options(precision="bf16"))

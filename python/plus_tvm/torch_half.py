@@ -51,6 +51,7 @@ CONTRACTIONS: dict[Any, tuple[int, ...]] = {
 
 #: ops torch computes in float32 on half tensors (its norm, softmax and reduction kernels
 #: accumulate in float32): every half operand cast to float32, every half result cast back.
+
 #: The same table decides which ops stay float32 under ``Options(precision=...)``.
 FLOAT32_OPS: frozenset = frozenset(
     {
@@ -58,6 +59,7 @@ FLOAT32_OPS: frozenset = frozenset(
         _aten.layer_norm.default,
         _aten.native_group_norm.default,
         _aten.group_norm.default,
+        # (TVM's batch_norm of a bfloat16 tensor returned float32 under the bfloat16 type)
         _aten._native_batch_norm_legit_no_training.default,
         _aten.batch_norm.default,
         _aten._softmax.default,
@@ -77,6 +79,18 @@ FLOAT32_OPS: frozenset = frozenset(
         # TVM's power refuses bfloat16 ("power only applies to float"): GPT-2's gelu_new
         _aten.pow.Tensor_Scalar,
         _aten.pow.Tensor_Tensor,
+        # pooling (exact in float32 for max; torch averages in float32): TVM's pooling of a
+        # bfloat16 tensor returned float32 under the bfloat16 type (ResNet's stem)
+        _aten.max_pool2d_with_indices.default,
+        _aten.max_pool2d.default,
+        _aten.max_pool1d.default,
+        _aten.max_pool3d.default,
+        _aten.avg_pool2d.default,
+        _aten.avg_pool1d.default,
+        _aten.avg_pool3d.default,
+        _aten.adaptive_avg_pool2d.default,
+        _aten._adaptive_avg_pool2d.default,
+        _aten.adaptive_avg_pool1d.default,
     }
 )
 

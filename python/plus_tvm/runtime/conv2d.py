@@ -136,11 +136,13 @@ class Conv2d(LibraryKernel):
         )
         hit = self.folded.get(key)
         if hit is None:
-            gamma, beta, mean, var = stats
+            # folded in float32 and rounded once (a half model's weights would otherwise be
+            # rounded at every step of the fold)
+            gamma, beta, mean, var = (t.float() for t in stats)
             scale = gamma / torch.sqrt(var + cfg.bn_eps)
-            wf = (w * scale.view(-1, 1, 1, 1)).contiguous()
-            b0 = bias if bias is not None else torch.zeros_like(mean)
-            bf = ((b0 - mean) * scale + beta).contiguous()
+            wf = (w.float() * scale.view(-1, 1, 1, 1)).to(w.dtype).contiguous()
+            b0 = bias.float() if bias is not None else torch.zeros_like(mean)
+            bf = ((b0 - mean) * scale + beta).to(w.dtype).contiguous()
             hit = ((w, bias, *stats), wf, bf)
             self.folded[key] = hit
         return hit[1], hit[2]

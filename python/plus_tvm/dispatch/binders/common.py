@@ -194,13 +194,20 @@ def rounds_to(ctx: Ctx, index: int, dtype: str) -> bool:
 
 
 def widened(ctx: Ctx, expr: relax.Expr, dtype: str) -> relax.Expr | None:
-    """The ``dtype`` tensor behind ``astype(tensor, "float32")`` (a half bias or operand the
-    import widened for float32 accumulation), else None."""
-    found = ctx.block_call(expr)
-    if found is None or ctx.op(found[0]) != "relax.astype":
-        return None
-    source = found[1].args[0]
-    return source if dtype_of(source) == dtype else None
+    """The ``dtype`` tensor behind ``astype(tensor, "float32")``, seen through views of the
+    widened value (a half bias or operand the import widened for float32 accumulation; a
+    convolution's bias comes reshaped to ``[1, C, 1, 1]``), else None."""
+    for _ in range(8):
+        found = ctx.block_call(expr)
+        if found is None:
+            return None
+        if ctx.op(found[0]) == "relax.astype":
+            source = found[1].args[0]
+            return source if dtype_of(source) == dtype else None
+        if ctx.op(found[0]) not in VIEW_OPS:
+            return None
+        expr = found[1].args[0]
+    return None
 
 
 def activation_of(op: str, call: relax.Call) -> str | None:
@@ -237,10 +244,11 @@ def classify_add(
     other = b if a.same_as(ctx.var(cur)) else a
     if other.same_as(ctx.var(cur)):
         return None
-    if widened_from is not None:
-        other = widened(ctx, other, widened_from)
-        if other is None:
+    if widened_from is not None:  # a bias of the float32 accumulator: the half weight behind
+        source = widened(ctx, other, widened_from)
+        if source is None or not can_bias or not ctx.is_weight_view(source):
             return None
+        return ("bias", source) if bias_fits(shape_of(other)) else None
     if can_bias and ctx.is_weight_view(other) and bias_fits(shape_of(other)):
         return "bias", other
     if can_residual and same_shape(other, ctx.var(nxt)) and ctx.defined_before(other, nxt):

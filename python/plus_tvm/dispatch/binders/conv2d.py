@@ -11,7 +11,16 @@ from tvm import relax
 
 from ...runtime.conv2d import CONV2D_SPEC
 from .activation import recognise_activation
-from .common import Ctx, LibraryCall, activation_of, classify_add, pre_binding, shape_of
+from .common import (
+    Ctx,
+    LibraryCall,
+    activation_of,
+    classify_add,
+    half_accumulation,
+    pre_binding,
+    rounds_to,
+    shape_of,
+)
 
 # data layout -> (config value, channel axis of the activations)
 _LAYOUTS = {"NCHW": ("nchw", 1), "NHWC": ("nhwc", 3)}
@@ -56,6 +65,8 @@ def _bind(ctx: Ctx, i: int) -> LibraryCall | None:
         cfg["winograd"] = False
     epilogue = _Epilogue(ctx, i, c_out, axis)
     epilogue.walk()
+    if not epilogue.rounded:
+        return None  # (a half convolution's float32 result: no kernel returns it)
     args: list[relax.Expr] = [x, w]
     pre: list = []
     if epilogue.bias is not None:
@@ -80,6 +91,9 @@ class _Epilogue:
 
     def __init__(self, ctx: Ctx, conv: int, channels: int, axis: int) -> None:
         self.ctx = ctx
+        # a half convolution accumulates in float32: a widened bias, then one rounding
+        self.half = half_accumulation(ctx, conv)
+        self.rounded = self.half is None
         self.channels = channels
         self.axis = axis
         self.cur = conv
@@ -101,6 +115,19 @@ class _Epilogue:
 
     def walk(self) -> None:
         ctx = self.ctx
+        while not self.rounded:  # a half convolution's float32 accumulator: bias, rounding
+            nxt = ctx.follow(self.cur)
+            if nxt is None:
+                return
+            if ctx.op(nxt) == "relax.add":
+                if not self.absorb(nxt):
+                    return
+            elif rounds_to(ctx, nxt, self.half):
+                self.rounded = True
+            else:
+                return
+            self.absorbed.append(nxt)
+            self.cur = nxt
         while True:
             # past a folded BatchNorm (which +Graphs do not cover) the chain leaves the match
             nxt = ctx.follow_outside(self.cur) if self.stats is not None else ctx.follow(self.cur)
@@ -137,7 +164,8 @@ class _Epilogue:
                 nxt,
                 self.bias_fits,
                 can_bias=self.bias is None and self.act == "none" and self.residual is None,
-                can_residual=self.residual is None,
+                can_residual=self.residual is None and self.rounded,
+                widened_from=None if self.rounded else self.half,
             )
             if found is None:
                 return False
@@ -161,6 +189,11 @@ class _Epilogue:
         """``bn = batch_norm(cur, ...); y = bn[0]`` with weight statistics on the channel axis
         and nothing else using ``bn``: folded into the convolution."""
         ctx = self.ctx
+        if self.half is not None:
+            # folding into half-precision weights rounds them once more than torch does (it
+            # runs the BatchNorm after the convolution): MobileNetV2 in float16 was 3x torch's
+            # error; the BatchNorm stays an element-wise kernel in the model's dtype
+            return False
         bn = ctx.follow_outside(self.cur)
         if bn is None or ctx.op(bn) != "relax.nn.batch_norm":
             return False
