@@ -256,6 +256,15 @@ def classify_add(
     return None
 
 
+def take_add(epilogue: object, found: tuple[str, relax.Expr] | None) -> bool:
+    """Record :func:`classify_add`'s finding on an epilogue walk (its ``bias`` or its
+    ``residual`` attribute); False when the add is neither."""
+    if found is None:
+        return False
+    setattr(epilogue, found[0], found[1])
+    return True
+
+
 def pre_binding(name: str, expr: relax.Expr) -> tuple[relax.Var, relax.Expr]:
     """A dataflow binding emitted before the call (a view or small TIR around the library
     call); the variable carries the normalized type."""

@@ -20,6 +20,7 @@ from .common import (
     pre_binding,
     rounds_to,
     shape_of,
+    take_add,
     widened,
 )
 
@@ -177,13 +178,7 @@ class _Epilogue:
             can_residual=self.residual is None and self.rounded,
             widened_from=None if self.rounded else self.half,
         )
-        if found is None:
-            return False
-        if found[0] == "bias":
-            self.bias = found[1]
-        else:
-            self.residual = found[1]
-        return True
+        return take_add(self, found)
 
 
 def _bind(ctx: Ctx, members: tuple[int, ...], with_norm: bool) -> LibraryCall | None:
