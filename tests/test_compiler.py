@@ -61,9 +61,12 @@ def two_out(strict):
 # --------------------------------------------------------------------------------- numerics
 def test_matches_torch_eager(small):
     model, x, plus, _ = small
-    got = plus(x)
-    assert isinstance(got, np.ndarray) and got.shape == (2, 4) and got.dtype == np.float32
+    got = plus(x)  # a torch tensor in: a torch tensor out
+    assert isinstance(got, torch.Tensor) and got.shape == (2, 4) and got.dtype == torch.float32
     np.testing.assert_allclose(got, _eager(model, x), rtol=RTOL, atol=ATOL)
+    from_numpy = plus(x.numpy())  # numpy in: numpy out
+    assert isinstance(from_numpy, np.ndarray) and from_numpy.dtype == np.float32
+    np.testing.assert_array_equal(from_numpy, got.numpy())
     x2 = torch.randn(2, 8)  # not just the example input
     np.testing.assert_allclose(plus(x2), _eager(model, x2), rtol=RTOL, atol=ATOL)
 
@@ -194,7 +197,8 @@ def test_tuple_outputs(two_out):
     model, (x, y), compiled = two_out
     out = compiled(x, y)
     assert isinstance(out, tuple) and len(out) == 2
-    assert all(isinstance(o, np.ndarray) for o in out)
+    assert all(isinstance(o, torch.Tensor) for o in out)  # torch in, torch out
+    assert all(isinstance(o, np.ndarray) for o in compiled(x.numpy(), y.numpy()))
     for got, expected in zip(out, _eager(model, x, y)):
         np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
     with pytest.raises(InputError, match="input y: expected shape"):
