@@ -42,6 +42,7 @@ from tvm import relax
 
 from .errors import InputRefusedError
 from .moe_converters import MOE_CONVERTERS
+from .torch_clamp import CLAMP_CONVERTERS
 from .torch_index_converters import INDEX_CONVERTERS
 from .torch_reductions import REDUCTION_CONVERTERS
 
@@ -107,23 +108,6 @@ def slice_positive_dim(node: Any, importer: Any) -> relax.Expr:
     if isinstance(dim, int) and dim < 0 and ndim >= 0:  # ndim -1: unknown rank, leave as is
         node = _NodeWithArgs(node, (node.args[0], dim + ndim, *node.args[2:]))
     return importer._slice(node)
-
-
-def clamp_tensor_bounds(node: Any, importer: Any) -> relax.Expr:
-    """``aten.clamp.Tensor`` with bound tensors of another float dtype cast to ``x``'s.
-
-    torch keeps ``x``'s dtype when the bounds are 0-d tensors (T5 in float16 clamps with a
-    float32 ``torch.where`` of two numbers); 0.27 adds them as they are and fails on the
-    mixed dtypes."""
-    args = list(node.args)
-    x = importer.env[args[0]]
-    want = _tensor_dtype(x)
-    for i in (1, 2):
-        bound = importer.env.get(args[i]) if i < len(args) and hasattr(args[i], "meta") else None
-        have = _tensor_dtype(bound) if bound is not None else None
-        if have is not None and want is not None and have != want and want != "bool":
-            args[i] = importer.block_builder.emit(relax.op.astype(bound, want))
-    return importer._clamp(_NodeWithArgs(node, tuple(args)))
 
 
 def _bool_safe_comparison(relax_op: Callable, intrinsic: Callable, key: str) -> Converter:
@@ -304,10 +288,10 @@ def custom_convert_map() -> dict[str, Converter]:
         "slice.Tensor": slice_positive_dim,
         "cat.default": cat_skip_empty,
         "div.Tensor_mode": div_mode_typed_scalar,
-        "clamp.Tensor": clamp_tensor_bounds,
         **MOE_CONVERTERS,  # ops 0.27 has no converter for at all
         **INDEX_CONVERTERS,  # indexing with torch's bounds checked
         **REDUCTION_CONVERTERS,  # any / all, which 0.27 lacks
+        **CLAMP_CONVERTERS,  # integer bounds, clamp_max's bound, bound dtypes
     }
     for key in FLOAT_RESULT_OPS:
         fixes[key] = promote_to_result_dtype(key)

@@ -159,7 +159,10 @@ class Ctx:
 
     def is_scalar_const(self, expr: relax.Expr) -> float | None:
         if isinstance(expr, tvm.ir.expr.Constant):
-            arr = expr.value.numpy()
+            value = expr.value
+            if isinstance(value, (bool, int, float)):  # a scalar constant (hardswish's 3, 6)
+                return float(value)
+            arr = value.numpy()
             if arr.size == 1:
                 return float(arr.reshape(()))
         return None
