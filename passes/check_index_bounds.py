@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from ..errors import IndexOutOfRangeError
@@ -48,6 +49,11 @@ class _Indexing:
     last: bool = False  # the index's last axis: one coordinate per indexed data axis
     normalise: bool = False  # negatives valid for the op, not for TVM's kernel: mapped here
 
+
+# ops that hand every value of their operand on, in another shape
+_VIEWS = frozenset(
+    ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten", "relax.permute_dims")
+)
 
 _OPS = {
     "relax.take": _Indexing(1, negative=True),
@@ -122,6 +128,29 @@ class _Checker:
             args[how.position] = checked
         return relax.Call(call.op, args, call.attrs, call.ty_args)
 
+    def _checked_before(
+        self, index: relax.Expr, extents: list, negative: bool, last: bool
+    ) -> bool:
+        """``index`` holds values a check of this range, or a narrower one, already passed:
+        the frontend's (torch's embedding ids, checked before their reshape), or an earlier
+        op's. Views keep every value; a coordinate axis (``last``) is taken as it is."""
+        expr = index
+        for _ in range(16):  # (view chains are short)
+            value = self.values.get(expr)
+            if is_index_check(value):
+                fields = index_check.parse(str(value.args[3].value))
+                seen = list(value.args[2].values)
+                return (
+                    len(seen) == len(extents)
+                    and all(tvm_ffi.structural_equal(a, b) for a, b in zip(seen, extents))
+                    and fields.get("last") == str(int(last))
+                    and (negative or fields.get("neg") == "0")
+                )
+            if last or op_name(value) not in _VIEWS:
+                return False
+            expr = value.args[0]
+        return False
+
     def _applies(self, call: relax.Call) -> bool:
         if op_name(call) == "relax.take":
             return str(call.attrs.mode) != "clip"
@@ -140,7 +169,7 @@ class _Checker:
         needed (already checked, a constant in range). ``where``: the op and the binding."""
         if extents is None or any(e is None for e in extents):
             return index
-        if is_index_check(self.values.get(index)):
+        if self._checked_before(index, extents, negative, how.last):
             return index
         if isinstance(index, tvm.ir.expr.Constant):
             _check_constant(index, extents, negative, how.last, where)

@@ -214,3 +214,14 @@ def test_a_check_returns_a_copy_never_its_input():
     out = index_check.run(indices, [5], config)
     assert np.from_dlpack(out).ctypes.data != np.from_dlpack(indices).ctypes.data
     np.testing.assert_array_equal(np.from_dlpack(out), [0, 1, 2])
+
+
+def test_ids_the_frontend_checked_are_not_checked_again():
+    """An embedding's ids: checked once by the frontend (torch's range); the take after their
+    reshape needs no second host call (the range it needs is wider)."""
+    model, inputs, _, _ = TORCH_CASES["embedding"]
+    mod, _ = plus_tvm.from_torch(model, inputs(0))
+    llvm = resolve_target("llvm")
+    with llvm, tvm.transform.PassContext(opt_level=3):
+        out = tvm.transform.Sequential(phase_passes(llvm, plus_tvm.Options(), ("dispatch",)))(mod)
+    assert out["main"].script().count("plus.check_indices") == 1
