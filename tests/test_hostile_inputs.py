@@ -517,7 +517,11 @@ def test_an_internal_error_names_the_phase_and_the_pass(monkeypatch, capsys):
         plus_tvm.compile("zoo:bert-base-tiny", "llvm")
     code, _, err = run_cli(capsys, "inspect", "zoo:bert-base-tiny")
     assert code == 1 and "internal error in phase fuse, pass DPFuseOps" in err
+    assert "--opt fusion=tvm" in err  # the option that compiles without the failing pass
     assert "Traceback" not in err
+    # and it does: the suggestion is one that works
+    cm = plus_tvm.compile("zoo:bert-base-tiny", "llvm", options=plus_tvm.Options(fusion="tvm"))
+    assert cm.stats["kernels"] > 0
 
 
 def test_relu_and_clamp_keep_the_sign_of_zero_as_torch_does():

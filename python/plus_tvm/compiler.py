@@ -16,7 +16,7 @@ import time
 import tvm
 from tvm import relax
 
-from . import interrupt
+from . import avoiding_options, interrupt
 from .compile_inputs import resolve_inputs
 from .compiled_model import CompiledModel, WeightSource, load, share_tied_weights
 from .cuda_graph_report import cuda_graph_report
@@ -193,11 +193,16 @@ class _PassTracker:
         if self.running and self.running[-1] == info.name:
             self.running.pop()
 
-    def where(self) -> str:
+    def parts(self) -> tuple[str | None, str | None]:
+        """The innermost running phase (``plus.<phase>``) and pass, None where there is none."""
         phases = [n[len("plus.") :] for n in self.running if n.startswith("plus.")]
         passes = [n for n in self.running if not n.startswith(("plus.", "tvm_", "plus_"))]
-        phase = f"phase {phases[-1]}" if phases else "pipeline"
-        return f"{phase}, pass {passes[-1]}" if passes else phase
+        return (phases[-1] if phases else None, passes[-1] if passes else None)
+
+    def where(self) -> str:
+        phase_name, pass_name = self.parts()
+        phase = f"phase {phase_name}" if phase_name else "pipeline"
+        return f"{phase}, pass {pass_name}" if pass_name else phase
 
 
 @contextlib.contextmanager
@@ -216,7 +221,8 @@ def _naming_the_pass(tracker: _PassTracker, codegen: bool = False):
         lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
         reason = f"{type(err).__name__}: {lines[-1] if lines else ''}"
         where = tracker.where() if tracker.running else ("code generation" if codegen else "?")
-        raise InternalCompileError(f"internal error in {where}: {reason}") from err
+        avoid = avoiding_options.hint(*tracker.parts()) if tracker.running else ""
+        raise InternalCompileError(f"internal error in {where}: {reason}{avoid}") from err
 
 
 def inspect(
