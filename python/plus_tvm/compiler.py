@@ -16,7 +16,7 @@ import time
 import tvm
 from tvm import relax
 
-from . import avoiding_options, interrupt
+from . import avoiding_options, interrupt, quiet
 from .compile_inputs import resolve_inputs
 from .compiled_model import CompiledModel, WeightSource, load, share_tied_weights
 from .cuda_graph_report import cuda_graph_report
@@ -239,7 +239,7 @@ def inspect(
     ``kernels``, ``fusion_ratio``, ``library_calls``, ``patterns``, ``groups``, ``compile_s``.
     """
     options = options or Options()
-    with interrupt.guard():
+    with interrupt.guard(), quiet.filtered(not options.verbose):
         if options.dump_ir:
             _writable_folder(options.dump_ir, "dump_ir")
         loaded = _load(mod_or_model, example_args, options)
@@ -301,8 +301,9 @@ def compile(  # noqa: A001 - the public name of the contract
     -------
     CompiledModel
     """
-    with interrupt.guard():
-        return _compile(model, target, example_args, options or Options(), pipeline)
+    options = options or Options()
+    with interrupt.guard(), quiet.filtered(not options.verbose):
+        return _compile(model, target, example_args, options, pipeline)
 
 
 def _compile(

@@ -164,6 +164,10 @@ class Options:
         (:mod:`plus_tvm.reduced_precision`). ``fp32`` (default): the model's own dtypes.
     dump_ir : str or None
         Folder to which the IR after each pipeline phase is written (debugging aid).
+    verbose : bool
+        Keep every warning and native log line of a compile. Off (default): torch's and TVM's
+        FutureWarning / DeprecationWarning are ignored and TVM's log lines about its own
+        internals dropped (:mod:`plus_tvm.quiet`); anything else still reaches stderr.
     """
 
     fusion: str = "dp"
@@ -199,6 +203,7 @@ class Options:
     propagate_nan: bool = True
     precision: str = "fp32"
     dump_ir: str | None = None
+    verbose: bool = False
 
     def __post_init__(self) -> None:
         for name in ("warehouse", "warehouse_env"):

@@ -6,6 +6,12 @@ transformers emit FutureWarnings while exporting. :func:`quiet` sends descriptor
 while Python's own ``sys.stderr`` (error messages, progress bars) keeps the terminal, and
 ignores FutureWarning and DeprecationWarning. ``plus-tvm --verbose`` and ``scripts/demo
 --verbose`` turn it off.
+
+The Python API (:func:`plus_tvm.compile`, :func:`plus_tvm.inspect`) uses :func:`filtered`
+instead: the same Python warnings are ignored, and what native code writes to descriptor 2 is
+held during the compile and written back afterwards without the lines of :data:`NOISE` (TVM's
+log lines about its own internals), so nothing a user's other threads print is lost.
+``Options(verbose=True)`` keeps everything.
 """
 
 from __future__ import annotations
@@ -14,8 +20,16 @@ import contextlib
 import os
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
+
+# native log lines plus's own compiles cause and a user cannot act on (substrings)
+NOISE = (
+    "Fast mode segfaults when there are out-of-bounds indices",
+    "BlockBuilder destroyed with remaining blocks",
+    "Unknown pragma",
+)
 
 
 @contextlib.contextmanager
@@ -29,6 +43,91 @@ def quiet(enabled: bool = True) -> Iterator[None]:
         warnings.simplefilter("ignore", DeprecationWarning)
         with _native_stderr_to_buffer():
             yield
+
+
+@contextlib.contextmanager
+def filtered(enabled: bool = True) -> Iterator[None]:
+    """Ignore torch's / TVM's FutureWarning and DeprecationWarning and drop :data:`NOISE`
+    lines from native stderr inside the block; everything else native code wrote comes back
+    to descriptor 2 when the block ends."""
+    if not enabled:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with _CAPTURE.held():
+            yield
+
+
+class _SharedCapture:
+    """Descriptor 2 is one per process: compiles running in several threads share one capture,
+    taken by the first to enter and released (its kept lines written back) by the last to
+    leave, so no thread restores a descriptor another thread's capture put there."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.saved: int | None = None
+        self.sink = None
+        self.python_stderr = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self.lock:
+            if self.depth == 0 and not self._start():
+                yield_capture = False
+            else:
+                self.depth += 1
+                yield_capture = True
+        try:
+            yield
+        finally:
+            if yield_capture:
+                with self.lock:
+                    self.depth -= 1
+                    if self.depth == 0:
+                        self._stop()
+
+    def _start(self) -> bool:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no real descriptor 2 (a notebook)
+            return False
+        self.saved, self.sink = saved, tempfile.TemporaryFile()
+        os.dup2(self.sink.fileno(), 2)
+        self.python_stderr = None
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if sys.stderr.fileno() == 2:  # Python's own messages (progress) keep the terminal
+                self.python_stderr = sys.stderr
+                sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1, closefd=True)
+        return True
+
+    def _stop(self) -> None:
+        saved, sink = self.saved, self.sink
+        self.saved = self.sink = None
+        if self.python_stderr is not None:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+                sys.stderr.close()
+            sys.stderr, self.python_stderr = self.python_stderr, None
+        os.dup2(saved, 2)
+        os.close(saved)
+        with sink:
+            sink.seek(0)
+            kept = _without_noise(sink.read())
+        if kept:
+            with contextlib.suppress(OSError):
+                os.write(2, kept)
+
+
+_CAPTURE = _SharedCapture()  # descriptor 2 is process-wide state; so is its capture
+
+
+def _without_noise(data: bytes) -> bytes:
+    lines = data.splitlines(keepends=True)
+    return b"".join(ln for ln in lines if not any(n.encode() in ln for n in NOISE))
 
 
 @contextlib.contextmanager
