@@ -4,6 +4,8 @@ implementation (``onnx.reference``) on random inputs."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import plus_tvm
@@ -301,3 +303,64 @@ def test_a_graph_output_without_a_shape_imports_as_in_tvm():
         cm = plus_tvm.compile(model, "llvm")
     x = _randn(4)
     np.testing.assert_array_equal(cm(x), np.maximum(x, 0))
+
+
+def test_dynamic_batch_multihead_attention_matches_onnx_runtime(tmp_path):
+    # torch's export builds each head reshape's target as Concat(shape values, constants): with
+    # the constants as tensors the Reshape went to the host, its dims were unknown and a matmul
+    # of two host results had no shape ("internal error ... FoldConstant: 'NoneType' object is
+    # not iterable")
+    torch = pytest.importorskip("torch")
+    ort = pytest.importorskip("onnxruntime")
+
+    class MHA(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    torch.manual_seed(0)
+    path = str(tmp_path / "mha.onnx")
+    torch.onnx.export(
+        MHA().eval(),
+        (torch.randn(2, 5, 16),),
+        path,
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}},
+        dynamo=False,
+        opset_version=17,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no node runs on the host
+        cm = plus_tvm.compile(path, target="llvm")
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        x = _randn(batch, 5, 16)
+        got = np.asarray(cm(x))
+        want = session.run(None, {"x": x})[0]
+        assert got.shape == want.shape == (batch, 5, 16)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_concat_of_shape_values_and_constant_pieces_stays_a_shape():
+    # Reshape(x, Concat(Shape(x)[:1], [-1, 2])): a shape value, so Reshape imports (no host)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], end=1),
+        helper.make_node("Concat", ["s", "tail"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+    ]
+    tail = numpy_helper.from_array(np.array([-1, 2], np.int64), "tail")
+    model = _model(
+        nodes, [_info("x", F, ["b", 3, 4])], [_info("y", F, ["b", 6, 2])], [tail], opset=17
+    )
+    from plus_tvm.onnx_import.importer import import_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        mod = import_model(model, None, {})
+    assert "onnx_host" not in mod.script()
+    x = _randn(2, 3, 4)
+    np.testing.assert_array_equal(plus_tvm.compile(model, "llvm")(x), x.reshape(2, 6, 2))

@@ -188,8 +188,12 @@ class PlusONNXImporter(ONNXGraphImporter):
         if not shaped:
             return {}
         if node.op_type in SHAPE_OPS:
-            # Concat takes shapes or tensors, not a mix of the two
-            mixed = node.op_type in ALL_OR_NOTHING and len(shaped) < len(values)
+            # Concat takes shapes or tensors, not a mix of the two; a constant shape piece
+            # (a 1-D int64 constant) joins shapes: as a tensor, the result would reach Reshape
+            # as a run-time tensor (the node on the host, its result's dims unknown)
+            mixed = node.op_type in ALL_OR_NOTHING and any(
+                n not in shaped and not _shape_piece(v) for n, v in values.items()
+            )
             if not mixed:
                 return {}
         replaced = {}
@@ -209,6 +213,15 @@ class PlusONNXImporter(ONNXGraphImporter):
 
 def _is_shape(value: object) -> bool:
     return isinstance(value, relax.Expr) and isinstance(value.ty, relax.ShapeType)
+
+
+def _shape_piece(value: object) -> bool:
+    """A 1-D int64 constant that TVM's Concat joins with shape values: no entry 0 (ONNX's
+    Reshape reads 0 as "keep the input's dim", a shape value as a dim of size 0)."""
+    if not isinstance(value, tvm.ir.GenericConst):
+        return False
+    array = value.value.numpy()
+    return array.ndim == 1 and array.dtype == np.int64 and bool(np.all(array != 0))
 
 
 def _static_dims(shape: relax.Expr) -> list[int] | None:
