@@ -6,7 +6,8 @@ Every kernel is a global function with the calling convention that the dispatch 
 
 ``config`` is ``key=value`` pairs joined by ``;``; the VM appends the preallocated output last.
 Tensors arrive as ``tvm.runtime.Tensor`` and are viewed as torch tensors without a copy through
-DLPack (about 1 us each).
+DLPack (about 1 us each). torch is imported when a kernel first runs (:mod:`._torch`): the
+runtime imports, and runs models whose calls all take the native kernels, without it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 import tvm_ffi
 
 from .. import env
+from ._torch import IMPORT as _TORCH_IMPORT
+from ._torch import require, torch
 
 # ---------------------------------------------------------------------------------------------
 # config strings
@@ -379,29 +381,32 @@ class PrepackCache:
 # torch's capsule importer: 0.45 us a tensor against 1.15 us for ``torch.from_dlpack``, which
 # negotiates the protocol version and stream on every call. No stream hand-off is needed: on
 # CUDA the kernels run on TVM's own current stream. Falls back to the public API if absent.
-_FROM_CAPSULE = getattr(torch._C, "_from_dlpack", None)
+# Looked up at the first conversion (torch is imported then, not with the runtime).
+_FROM_CAPSULE: list[Callable[[Any], Any] | None] = []
 
 
 def to_torch(tensor: Any) -> torch.Tensor:
     """A zero-copy torch view of a TVM tensor (torch tensors pass through)."""
     if isinstance(tensor, torch.Tensor):
         return tensor
-    if _FROM_CAPSULE is not None:
-        return _FROM_CAPSULE(tensor.__dlpack__())
+    if not _FROM_CAPSULE:
+        _FROM_CAPSULE.append(getattr(torch._C, "_from_dlpack", None))
+    if _FROM_CAPSULE[0] is not None:
+        return _FROM_CAPSULE[0](tensor.__dlpack__())
     return torch.from_dlpack(tensor)
 
 
-def _onednn_dtypes() -> tuple[torch.dtype, ...]:
+@functools.cache
+def onednn_dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes torch's oneDNN takes here: float32, and bfloat16 on CPUs with native bf16
+    (measured: 10% over F.linear at BERT's FFN). Asked once, at the first use."""
     if not torch.backends.mkldnn.is_available():
         return ()
-    try:  # bf16 where the CPU has native support (measured: 10% over F.linear at BERT's FFN)
+    try:
         bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         bf16 = False
     return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
-
-
-ONEDNN_DTYPES = _onednn_dtypes()
 
 
 def _uses(key: tuple, data_ptr: int) -> bool:
@@ -415,7 +420,7 @@ def onednn_usable(*tensors: torch.Tensor) -> bool:
     """Whether oneDNN's prepacked path applies: CPU tensors of one dtype oneDNN supports here
     (float32, and bfloat16 on CPUs with native bf16)."""
     dtype = tensors[0].dtype
-    return dtype in ONEDNN_DTYPES and all(
+    return dtype in onednn_dtypes() and all(
         t.device.type == "cpu" and t.dtype == dtype for t in tensors
     )
 
@@ -525,6 +530,8 @@ class LibraryKernel:
         return tuple(inputs[0].shape)
 
     def __call__(self, *args: Any) -> None:
+        if _TORCH_IMPORT.module is None:  # (imported at the first call; a clear error without)
+            require(f"the Python kernel {self.name}")
         if len(args) < 2:
             raise ValueError(f"{self.name}: expected (*inputs, config, out), got {len(args)} args")
         at = next((i for i, a in enumerate(args) if isinstance(a, str)), None)

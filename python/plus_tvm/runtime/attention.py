@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-from torch.nn import functional as F  # noqa: N812
-
 from ._common import ConfigSpec, LibraryKernel, choice, flag, real
+from ._torch import F, torch
 
 ATTENTION_SPEC = ConfigSpec(
     "plus.attention",

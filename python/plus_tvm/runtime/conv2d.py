@@ -41,9 +41,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import torch
-from torch.nn import functional as F  # noqa: N812
-
 from ._common import (
     ACTIVATIONS,
     ONEDNN_SCALARS,
@@ -59,6 +56,7 @@ from ._common import (
     onednn_usable,
     real,
 )
+from ._torch import F, torch
 
 
 def _padding(text: str) -> tuple[int, int, int, int]:

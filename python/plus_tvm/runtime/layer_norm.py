@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-from torch.nn import functional as F  # noqa: N812
-
 from ._common import ConfigSpec, LibraryKernel, flag, integer, real, write_out
+from ._torch import F, torch
 
 LAYER_NORM_SPEC = ConfigSpec(
     "plus.layer_norm", gamma=flag(), beta=flag(), eps=real(1e-5), axes=integer(1)

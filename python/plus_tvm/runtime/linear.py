@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from ._common import (
     ACTIVATIONS,
     ONEDNN_SCALARS,
@@ -36,6 +34,7 @@ from ._common import (
     onednn_usable,
     write_out,
 )
+from ._torch import torch
 
 # Below this many FLOPs (2*M*K*N) oneDNN's fixed cost per call (about 13 us: primitive lookup,
 # post-op attributes) loses to MKL's addmm writing into ``out`` (measured on 2 cores: 1 MFLOP

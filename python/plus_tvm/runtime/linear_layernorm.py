@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-from torch.nn import functional as F  # noqa: N812
-
 from ._common import ConfigSpec, LibraryKernel, choice, flag, real, write_out
+from ._torch import F, torch
 from .linear import generic_linear, linear_out_shape, onednn_linear, use_onednn
 
 LINEAR_LAYERNORM_SPEC = ConfigSpec(

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from ._common import ConfigSpec, LibraryKernel, check_last_axis, integer
+from ._torch import torch
 
 LOG_SOFTMAX_SPEC = ConfigSpec("plus.log_softmax", axis=integer(-1))
 

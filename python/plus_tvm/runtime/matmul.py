@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from ._common import ConfigSpec, LibraryKernel, flag, real
+from ._torch import torch
 
 MATMUL_SPEC = ConfigSpec("plus.matmul", ta=flag(), tb=flag(), scale=real(1.0), bias=flag())
 

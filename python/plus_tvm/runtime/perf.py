@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
 from .. import env
 from ..errors import TVM_FAILURE, is_refusal
 from ._common import LibraryKernel
+from ._torch import torch
 
 OVERHEAD_FALLBACK_US = 15.0
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-from torch.nn import functional as F  # noqa: N812
-
 from ._common import ConfigSpec, LibraryKernel, flag, real, write_out
+from ._torch import F, torch
 
 RMS_NORM_SPEC = ConfigSpec("plus.rms_norm", gamma=flag(), eps=real(1e-6))
 

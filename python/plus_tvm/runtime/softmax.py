@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from ._common import ConfigSpec, LibraryKernel, check_last_axis, integer, real
+from ._torch import torch
 
 SOFTMAX_SPEC = ConfigSpec("plus.softmax", axis=integer(-1), scale=real(1.0))
 
