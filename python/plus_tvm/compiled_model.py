@@ -30,6 +30,7 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
+from . import output_structure
 from .errors import (
     TVM_REFUSAL,
     InputError,
@@ -38,6 +39,7 @@ from .errors import (
     PlusError,
     service_error,
 )
+from .input_binding import bind
 from .output_files import check_target, replace_atomically, write_bytes
 from .runtime import native, use_native
 from .runtime.native import torch_versions
@@ -67,6 +69,39 @@ class WeightSource:
 
 
 _VERSION = operator.attrgetter("_version")
+
+
+@dataclass(frozen=True)
+class ModelIO:
+    """What a model's inputs and outputs are called, and the structure its outputs come in
+    (:mod:`plus_tvm.output_structure`; None: a model exported before these were kept)."""
+
+    input_names: list[str]
+    output_names: list[str] | None = None
+    structure: dict | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "input_names": list(self.input_names),
+            "output_names": self.output_names,
+            "outputs": self.structure,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, inputs: list[InputSpec]) -> ModelIO:
+        """From an exported model's json (a model exported without it: the inputs' own names,
+        outputs unnamed and returned flat)."""
+        names = [str(n) for n in data.get("input_names") or [s.name for s in inputs]]
+        if len(names) != len(inputs):
+            raise ValueError(f"{len(names)} input names for {len(inputs)} inputs")
+        outputs = data.get("output_names")
+        structure = data.get("outputs")
+        structure = output_structure.check(structure) if structure is not None else None
+        if outputs is not None:
+            outputs = [str(n) for n in outputs]
+            if structure is not None and output_structure.leaf_count(structure) != len(outputs):
+                raise ValueError(f"{len(outputs)} output names for the outputs' structure")
+        return cls(names, outputs, structure)
 
 
 def _tracks_version(tensor: object) -> bool:
@@ -128,6 +163,7 @@ class CompiledModel:
         weight_sources: Sequence[WeightSource | None] | None = None,
         baked: Sequence[WeightSource] = (),
         origin: str = "the compiled model",
+        io: ModelIO | None = None,
     ) -> None:
         self.executable = executable
         self._origin = origin  # what messages call it (a loaded model: its path)
@@ -136,6 +172,7 @@ class CompiledModel:
         self.target = target
         self.device = device_for(target)
         self.inputs = inputs
+        self.io = io or ModelIO([s.name for s in inputs])
         self.stats = stats
         self.source = source
         self._weights = list(params)
@@ -157,11 +194,62 @@ class CompiledModel:
         self._device_seen = False
 
     # ----------------------------------------------------------------------------- running
-    def __call__(self, *inputs: object) -> object:
+    def __call__(self, *args: object, **kwargs: object) -> object:
         """Run the model: numpy arrays in, numpy arrays out; torch tensors in (any of the
-        inputs), torch tensors out, on the model's device (no copy to the host)."""
+        inputs), torch tensors out, on the model's device (no copy to the host).
+
+        Inputs are given by position or by name (:attr:`input_names`), as a Python call binds
+        them. The outputs come in the structure the model returns them (a torch model's
+        ``ModelOutput``, dict or nested tuple; one output alone, else a tuple)."""
+        leaves = self._run_flat(args, kwargs)
+        if self.io.structure is None or output_structure.leaf_count(self.io.structure) != len(
+            leaves
+        ):
+            return leaves[0] if len(leaves) == 1 else tuple(leaves)
+        return output_structure.rebuild(self.io.structure, leaves)
+
+    @property
+    def input_names(self) -> list[str]:
+        """The names the inputs are given by (``cm(input_ids=..., attention_mask=...)``)."""
+        return list(self.io.input_names)
+
+    @property
+    def output_names(self) -> list[str] | None:
+        """The outputs' names in their flat order: an ONNX graph's output names, a torch
+        model's output keys (``logits``; ``b.0`` inside a nested one; ``output0``, ``output1``
+        for positions). None for a model exported before names were kept (:meth:`run_named`
+        then calls them ``output0``...)."""
+        return None if self.io.output_names is None else list(self.io.output_names)
+
+    def run_named(self, *args: object, **kwargs: object) -> dict[str, object]:
+        """Run the model (inputs as for a call) and return ``{output name: value}``."""
+        leaves = self._run_flat(args, kwargs)
+        names = self.io.output_names or [f"output{i}" for i in range(len(leaves))]
+        return dict(zip(names, leaves))
+
+    def run(self, output_names: Sequence[str] | None, input_feed: dict[str, object]) -> list:
+        """ONNX Runtime's ``InferenceSession.run``: the outputs named in ``output_names`` (None:
+        all), in that order, for the inputs in ``input_feed`` by name."""
+        if not isinstance(input_feed, dict):
+            raise InputError(
+                f"run takes the inputs as a dict by name ({', '.join(self.io.input_names)}), "
+                f"got {type(input_feed).__name__}"
+            )
+        named = self.run_named(**input_feed)
+        if output_names is None:
+            return list(named.values())
+        unknown = [n for n in output_names if n not in named]
+        if unknown:
+            raise InputError(f"the model has no output(s) {unknown}; its outputs are {list(named)}")
+        return [named[n] for n in output_names]
+
+    def _run_flat(self, args: tuple, kwargs: dict) -> list:
+        """Run on inputs bound by position and name; the outputs as a flat list, torch tensors
+        where an input was one, numpy arrays otherwise."""
+        inputs = bind(self.io.input_names, args, kwargs)
         out = self.run_prepared(self.prepare(*inputs))
-        return _to_torch(out) if any(_is_torch(x) for x in inputs) else _to_numpy(out)
+        convert = _to_torch if any(_is_torch(x) for x in inputs) else _to_numpy
+        return [convert(leaf) for leaf in _leaves(out)]
 
     def prepare(self, *inputs: object) -> list:
         """Check inputs and place them on the device (separate so benchmarks can time runs)."""
@@ -368,6 +456,7 @@ class CompiledModel:
             "aliases": {str(i): j for i, j in aliases.items()},
             "external": {str(i): e for i, e in external.items()},
             "sha256": {"library": _sha256_file(path), "params": _sha256(blob)},
+            "io": self.io.to_dict(),
             "stats": self.stats,
         }
         write_bytes(path + ".json", json.dumps(meta, indent=1, default=str).encode())
@@ -429,6 +518,7 @@ def load(path: str, weights: object = None) -> CompiledModel:
         aliases = {int(i): int(j) for i, j in dict(meta.get("aliases", {})).items()}
         external = {int(i): dict(e) for i, e in dict(meta.get("external", {})).items()}
         target = tvm.target.Target(meta["target"]) if compiler_available() else dict(meta["target"])
+        io = ModelIO.from_dict(dict(meta.get("io") or {}), inputs)
     except (KeyError, TypeError, ValueError, *TVM_REFUSAL) as err:
         raise ModelLoadError(f"{path}.json is incomplete or malformed: {err!r}") from None
     if any(not 0 <= j < i < num_params for i, j in aliases.items()):
@@ -465,7 +555,14 @@ def load(path: str, weights: object = None) -> CompiledModel:
         raise ModelLoadError(f"{path} is not a loadable library: {_last_line(err)}") from None
     stats = meta.get("stats", {})
     model = CompiledModel(
-        executable, target, params, inputs, stats, weight_sources=sources, origin=f"{path}.json"
+        executable,
+        target,
+        params,
+        inputs,
+        stats,
+        weight_sources=sources,
+        origin=f"{path}.json",
+        io=io,
     )
     if _is_cpu(model.device):
         model._vm()  # the executable's signature checked now (on a GPU: at the first call)
@@ -570,19 +667,28 @@ def _is_torch(value: object) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "__dlpack__")
 
 
+def _leaves(out: object) -> list:
+    """The VM's result as a flat list (one tensor, or a tuple of them; a null output: None)."""
+    if out is None or isinstance(out, tvm.runtime.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)) or hasattr(out, "__len__"):
+        return [leaf for o in out for leaf in _leaves(o)]
+    return [out]
+
+
 def _to_torch(out: object) -> object:
     import torch  # (loaded already: an input was a torch tensor)
 
+    if out is None:
+        return None
     if isinstance(out, tvm.runtime.Tensor):
         return torch.from_dlpack(out)  # (a tensor the VM made for this call: no copy needed)
-    return tuple(_to_torch(o) for o in out)
+    return torch.as_tensor(_to_numpy(out))
 
 
-def _to_numpy(out: object) -> np.ndarray | tuple:
-    if isinstance(out, tvm.runtime.Tensor):
-        return out.numpy()
-    if isinstance(out, (list, tuple)) or hasattr(out, "__len__"):
-        return tuple(_to_numpy(o) for o in out)
+def _to_numpy(out: object) -> np.ndarray | None:
+    if out is None:
+        return None
     if hasattr(out, "numpy"):
         return out.numpy()
     return np.asarray(out)

@@ -18,7 +18,7 @@ from tvm import relax
 
 from . import avoiding_options, interrupt, quiet
 from .compile_inputs import resolve_inputs
-from .compiled_model import CompiledModel, WeightSource, load, share_tied_weights
+from .compiled_model import CompiledModel, ModelIO, WeightSource, load, share_tied_weights
 from .cuda_graph_report import cuda_graph_report
 from .errors import (
     TVM_REFUSAL,
@@ -232,6 +232,8 @@ def inspect(
     *,
     pipeline: str = "plus",
     example_args: object = None,
+    example_kwargs: dict | None = None,
+    dynamic_shapes: object = None,
 ) -> dict[str, object]:
     """Statistics of compiling ``mod_or_model`` (no machine code is generated).
 
@@ -242,7 +244,8 @@ def inspect(
     with interrupt.guard(), quiet.filtered(not options.verbose):
         if options.dump_ir:
             _writable_folder(options.dump_ir, "dump_ir")
-        loaded = _load(mod_or_model, example_args, options)
+        export = {"example_kwargs": example_kwargs, "dynamic_shapes": dynamic_shapes}
+        loaded = _load(mod_or_model, example_args, options, export)
         tgt = resolve_target(target)
         options = resolve_inputs(tgt, options)
         dumper = PhaseDumper(options.dump_ir, PHASE_NAMES) if options.dump_ir else None
@@ -281,6 +284,8 @@ def compile(  # noqa: A001 - the public name of the contract
     options: Options | None = None,
     *,
     pipeline: str = "plus",
+    example_kwargs: dict | None = None,
+    dynamic_shapes: object = None,
 ) -> CompiledModel:
     """Compile a model with the plus pipeline (or TVM's, ``pipeline="tvm"``).
 
@@ -292,10 +297,15 @@ def compile(  # noqa: A001 - the public name of the contract
         ``(IRModule, params)``.
     target : str, dict or tvm.target.Target
         ``"llvm"`` (host CPU), ``"cuda"``, a JSON dict, or a Target.
-    example_args : tuple, optional
-        Example inputs for torch modules.
+    example_args : tuple or dict, optional
+        Example inputs for torch modules (a dict: keyword inputs by name).
     options : Options, optional
-        Pipeline settings.
+        Pipeline settings (``train_mode``: what a torch module in training mode gets).
+    example_kwargs : dict, optional
+        Example keyword inputs for torch modules (``torch.export.export``'s ``kwargs``).
+    dynamic_shapes : optional
+        Passed to ``torch.export.export`` (``{"x": {0: torch.export.Dim("batch")}}``): the
+        compiled model takes any size of those dims (within the ``Dim``'s bounds).
 
     Returns
     -------
@@ -303,16 +313,22 @@ def compile(  # noqa: A001 - the public name of the contract
     """
     options = options or Options()
     with interrupt.guard(), quiet.filtered(not options.verbose):
-        return _compile(model, target, example_args, options, pipeline)
+        export = {"example_kwargs": example_kwargs, "dynamic_shapes": dynamic_shapes}
+        return _compile(model, target, example_args, options, pipeline, export)
 
 
 def _compile(
-    model: object, target: object, example_args: object, options: Options, pipeline: str
+    model: object,
+    target: object,
+    example_args: object,
+    options: Options,
+    pipeline: str,
+    export: dict,
 ) -> CompiledModel:
     if options.dump_ir:
         _writable_folder(options.dump_ir, "dump_ir")
     tgt = resolve_target(target)
-    loaded = _load(model, example_args, options)
+    loaded = _load(model, example_args, options, export)
     weight_names = [p.name for p in loaded.mod["main"].params[num_inputs(loaded.mod) :]]
     missing = [n for n in weight_names if n not in loaded.params]
     if missing:
@@ -353,7 +369,22 @@ def _compile(
     ]
     params = share_tied_weights(params, sources)
     baked = [WeightSource(name, tensor) for name, tensor in loaded.baked_tensors]
-    return CompiledModel(executable, tgt, params, specs, stats, loaded, sources, baked)
+    names = model_io_names(loaded, specs)
+    return CompiledModel(executable, tgt, params, specs, stats, loaded, sources, baked, io=names)
+
+
+def model_io_names(loaded: LoadedModel, specs: list[InputSpec]) -> ModelIO:
+    """The names a compiled model's inputs and outputs are called by, and the outputs'
+    structure (the model's own where the frontend read them, else the Relax function's)."""
+    from . import output_structure
+    from .loader import output_count
+
+    structure = loaded.output_structure or output_structure.flat(output_count(loaded.mod))
+    return ModelIO(
+        loaded.input_names or [s.name for s in specs],
+        loaded.output_names or output_structure.leaf_names(structure),
+        structure,
+    )
 
 
 def with_signature(mod: tvm.IRModule, text: str) -> tvm.IRModule:
@@ -367,11 +398,13 @@ def with_signature(mod: tvm.IRModule, text: str) -> tvm.IRModule:
     return out
 
 
-def _load(model: object, example_args: object, options: Options) -> LoadedModel:
-    """The model imported, in the precision the options ask for."""
+def _load(model: object, example_args: object, options: Options, export: dict) -> LoadedModel:
+    """The model imported (a torch module exported with ``export``'s ``example_kwargs`` and
+    ``dynamic_shapes``), in the precision the options ask for."""
     from .reduced_precision import in_precision
 
-    return in_precision(load_model(model, example_args), options.precision)
+    loaded = load_model(model, example_args, train_mode=options.train_mode, **export)
+    return in_precision(loaded, options.precision)
 
 
 def _writable_folder(folder: str, what: str) -> None:

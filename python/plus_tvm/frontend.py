@@ -24,6 +24,7 @@ from tvm import relax
 from .errors import (
     TVM_FAILURE,
     ModelLoadError,
+    OptionsError,
     PlusError,
     UnsupportedOperatorError,
     is_refusal,
@@ -39,56 +40,117 @@ Params = dict[str, np.ndarray]
 # --------------------------------------------------------------------------------------- torch
 def from_torch(
     module: torch.nn.Module | torch.export.ExportedProgram,
-    example_args: Sequence[torch.Tensor] | None = None,
+    example_args: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
     dynamic_shapes: object = None,
+    *,
+    example_kwargs: Mapping[str, torch.Tensor] | None = None,
+    train_mode: str = "refuse",
 ) -> tuple[tvm.IRModule, Params]:
     """Import a torch model through ``torch.export``.
 
     Parameters
     ----------
     module : torch.nn.Module or torch.export.ExportedProgram
-        The model (put in eval mode by the caller) or an already exported program.
-    example_args : sequence of torch.Tensor
-        Example inputs for export; required for an ``nn.Module``.
+        The model or an already exported program.
+    example_args : sequence of torch.Tensor, or a dict
+        Example positional inputs for export (a dict: keyword inputs, as ``example_kwargs``);
+        an ``nn.Module`` needs example inputs.
     dynamic_shapes : object, optional
         Passed to ``torch.export.export`` (e.g. ``{"x": {0: torch.export.Dim("batch")}}``); the
         dynamic dims become Relax symbolic shape variables.
+    example_kwargs : dict of torch.Tensor, optional
+        Example keyword inputs (``torch.export.export``'s ``kwargs``), e.g. ``attention_mask``.
+    train_mode : {"refuse", "eval"}
+        A module in training mode whose graph differs in training (dropout, batch norm) is
+        refused, or (``"eval"``) an eval-mode copy of it is exported
+        (:mod:`plus_tvm.torch_model_prep`).
 
     Returns
     -------
     (tvm.IRModule, dict[str, numpy.ndarray])
         The Relax module and its weights by parameter name.
     """
-    return import_exported(export_torch(module, example_args, dynamic_shapes))
+    program = export_torch(
+        module, example_args, dynamic_shapes, example_kwargs=example_kwargs, train_mode=train_mode
+    )
+    return import_exported(program)
 
 
 def export_torch(
     module: torch.nn.Module | torch.export.ExportedProgram,
-    example_args: Sequence[torch.Tensor] | None = None,
+    example_args: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
     dynamic_shapes: object = None,
+    *,
+    example_kwargs: Mapping[str, torch.Tensor] | None = None,
+    train_mode: str = "refuse",
 ) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``module`` (an exported program passes through), decomposed."""
+    """``torch.export`` of ``module`` (an exported program passes through), decomposed.
+
+    The user's module is never changed: a module in training mode is refused or exported from an
+    eval-mode copy (``train_mode``), a transformers model's ``use_cache`` is off during the
+    export only (with a warning that the cache outputs are not returned)."""
     import torch
 
+    from . import torch_model_prep as prep
+
+    if train_mode not in prep.TRAIN_MODES:
+        choices = list(prep.TRAIN_MODES)
+        raise OptionsError(f"option train_mode={train_mode!r} is not one of {choices}")
+    args, kwargs = example_inputs(example_args, example_kwargs)
     if isinstance(module, torch.export.ExportedProgram):
         program = module
+        found = prep.training_ops(program)
+        if found:
+            raise ModelLoadError(
+                prep.training_message("the exported program", found)
+                + " (export the module again after model.eval())"
+            )
     elif isinstance(module, torch.nn.Module):
-        if example_args is None:
+        if args is None and not kwargs:
             raise ModelLoadError("from_torch: example_args are required to export an nn.Module")
-        args = tuple(example_args) if isinstance(example_args, (list, tuple)) else (example_args,)
+        name = type(module).__name__
+        training = any(m.training for m in module.modules())
+        if training and train_mode == "eval":
+            module, training = prep.eval_copy(module), False
+        kwargs = prep.ordered_kwargs(module, kwargs)
         try:
-            with torch.no_grad():
-                program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
+            with torch.no_grad(), prep.cache_off(module, kwargs) as dropped:
+                program = torch.export.export(
+                    module, args or (), kwargs or None, dynamic_shapes=dynamic_shapes
+                )
         except Exception as err:  # noqa: BLE001 - the user's forward runs here: any error
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ModelLoadError(
-                f"torch.export failed for {type(module).__name__}: {first}"
-            ) from err
+            raise ModelLoadError(f"torch.export failed for {name}: {first}") from err
+        found = prep.training_ops(program) if training else []
+        if found:
+            raise ModelLoadError(prep.training_message(name, found))
+        if dropped:
+            prep.warn_cache_dropped(name)
     else:
         raise ModelLoadError(
             f"from_torch expects a torch.nn.Module or ExportedProgram, got {type(module).__name__}"
         )
     return program.run_decompositions()
+
+
+def example_inputs(
+    example_args: object, example_kwargs: Mapping[str, object] | None
+) -> tuple[tuple | None, dict]:
+    """``(args, kwargs)`` for ``torch.export``: ``example_args`` a tuple, a list, one tensor, or
+    a dict of keyword inputs; ``example_kwargs`` more keyword inputs."""
+    kwargs = dict(example_kwargs or {})
+    if isinstance(example_args, Mapping):
+        twice = sorted(set(example_args) & set(kwargs))
+        if twice:
+            raise ModelLoadError(
+                f"example input(s) {twice} given in example_args and example_kwargs"
+            )
+        kwargs = {**example_args, **kwargs}
+        return (), kwargs
+    if example_args is None:
+        return None, kwargs
+    args = tuple(example_args) if isinstance(example_args, (list, tuple)) else (example_args,)
+    return args, kwargs
 
 
 def import_exported(program: torch.export.ExportedProgram) -> tuple[tvm.IRModule, Params]:

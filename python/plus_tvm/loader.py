@@ -48,11 +48,36 @@ class LoadedModel:
     # compiled in as constants (see :func:`plus_tvm.frontend.torch_weight_tensors`)
     weight_tensors: dict = field(default_factory=dict)
     baked_tensors: list = field(default_factory=list)
+    # the names a call gives the inputs by (the torch module's argument names as torch.export
+    # flattened them, the ONNX graph's input names), the outputs' names and their structure
+    # (:mod:`plus_tvm.output_structure`); None: the Relax function's own
+    input_names: list | None = None
+    output_names: list | None = None
+    output_structure: dict | None = None
 
 
-def load_model(model: object, example_args: object = None) -> LoadedModel:
-    """Import ``model`` (any reference listed in the module docstring) to Relax."""
+def load_model(
+    model: object,
+    example_args: object = None,
+    *,
+    example_kwargs: dict | None = None,
+    dynamic_shapes: object = None,
+    train_mode: str = "refuse",
+) -> LoadedModel:
+    """Import ``model`` (any reference listed in the module docstring) to Relax.
+
+    A torch model is exported with ``example_args`` (a tuple, or a dict of keyword inputs),
+    ``example_kwargs`` and ``dynamic_shapes`` as ``torch.export.export`` takes them;
+    ``train_mode`` says what a module in training mode gets
+    (:func:`plus_tvm.frontend.export_torch`).
+    """
     import onnx
+
+    torch_export = {
+        "example_kwargs": example_kwargs,
+        "dynamic_shapes": dynamic_shapes,
+        "train_mode": train_mode,
+    }
 
     if isinstance(model, LoadedModel):
         return model
@@ -63,7 +88,9 @@ def load_model(model: object, example_args: object = None) -> LoadedModel:
             return _load_zoo(model[4:])
         if model.startswith("python:"):
             module, args = _load_python(model[len("python:") :])
-            return _load_torch(module, args or example_args, name=model, source="torch")
+            return _load_torch(
+                module, args or example_args, name=model, source="torch", **torch_export
+            )
         if model.endswith(".onnx") or os.path.exists(model):
             return _load_onnx(model)
         if os.path.splitext(model)[1]:  # a file name: say so, not "cannot tell"
@@ -84,7 +111,8 @@ def load_model(model: object, example_args: object = None) -> LoadedModel:
     except ImportError:  # pragma: no cover - torch is a dependency
         torch = None
     if torch is not None and isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
-        return _load_torch(model, example_args, name=type(model).__name__, source="torch")
+        name = type(model).__name__
+        return _load_torch(model, example_args, name=name, source="torch", **torch_export)
     raise ModelLoadError(f"unsupported model type {type(model).__name__}")
 
 
@@ -98,26 +126,76 @@ def _load_zoo(name: str) -> LoadedModel:
     return loaded
 
 
-def _load_torch(module: object, example_args: object, name: str, source: str) -> LoadedModel:
+def _load_torch(
+    module: object,
+    example_args: object,
+    name: str,
+    source: str,
+    example_kwargs: dict | None = None,
+    dynamic_shapes: object = None,
+    train_mode: str = "refuse",
+) -> LoadedModel:
     import torch
 
-    if example_args is not None and not isinstance(example_args, (list, tuple)):
-        example_args = (example_args,)
-    program = export_torch(module, example_args)
+    from . import output_structure
+    from .frontend import example_inputs
+    from .torch_model_prep import eval_copy
+
+    if train_mode == "eval" and isinstance(module, torch.nn.Module) and module.training:
+        module = eval_copy(module)  # (the reference runs it too)
+    args, kwargs = example_inputs(example_args, example_kwargs)
+    program = export_torch(
+        module, args, dynamic_shapes, example_kwargs=kwargs, train_mode=train_mode
+    )
     mod, params = import_exported(program)
     weights = [p.name for p in mod["main"].params[num_inputs(mod) :]]
     kept, baked = torch_weight_tensors(program, weights)
     torch_module = module if isinstance(module, torch.nn.Module) else module.module()
-    return LoadedModel(
+    inputs = _flat_inputs(program, args, kwargs)
+    user_inputs = list(program.graph_signature.user_inputs)
+    count = output_count(mod)
+    structure = output_structure.from_treespec(program.call_spec.out_spec)
+    if structure is None or output_structure.leaf_count(structure) != count:
+        structure = output_structure.flat(count)  # (returned flat, as the function does)
+    loaded = LoadedModel(
         name,
         mod,
         params,
         torch_module=torch_module,
-        example_inputs=tuple(example_args) if example_args is not None else None,
+        example_inputs=inputs,
         source=source,
         weight_tensors=kept,
         baked_tensors=baked,
+        input_names=user_inputs if len(user_inputs) == num_inputs(mod) else None,
+        output_names=output_structure.leaf_names(structure),
+        output_structure=structure,
     )
+    if kwargs:
+        loaded.extra["example_kwargs"] = kwargs
+    return loaded
+
+
+def _flat_inputs(program: object, args: tuple | None, kwargs: dict) -> tuple | None:
+    """The example inputs in the order of the compiled model's inputs (positional, then the
+    keyword ones in the order the export gave them)."""
+    if args is None and not kwargs:
+        return None
+    if not kwargs:
+        return tuple(args)
+    import torch
+
+    spec = program.call_spec.in_spec
+    order = list(spec.children_specs[1].context) if spec.num_children == 2 else list(kwargs)
+    leaves = torch.utils._pytree.tree_leaves((tuple(args or ()), {k: kwargs[k] for k in order}))
+    return tuple(leaves)
+
+
+def output_count(mod: tvm.IRModule) -> int:
+    """How many tensors ``main`` returns (a tuple's fields, else one)."""
+    ret = mod["main"].ret_ty
+    from tvm import relax
+
+    return len(ret.fields) if isinstance(ret, relax.TupleType) else 1
 
 
 def _load_onnx(path_or_proto: object) -> LoadedModel:
@@ -126,7 +204,22 @@ def _load_onnx(path_or_proto: object) -> LoadedModel:
     proto = load_onnx(path_or_proto)
     mod, params = from_onnx(proto if not isinstance(path_or_proto, str) else path_or_proto)
     name = os.path.basename(path_or_proto) if isinstance(path_or_proto, str) else "onnx-model"
-    return LoadedModel(name, mod, params, onnx_model=proto, source="onnx")
+    from . import output_structure
+
+    initializers = {t.name for t in proto.graph.initializer}
+    inputs = [i.name for i in proto.graph.input if i.name not in initializers]
+    outputs = [o.name for o in proto.graph.output]
+    count = output_count(mod)
+    return LoadedModel(
+        name,
+        mod,
+        params,
+        onnx_model=proto,
+        source="onnx",
+        input_names=inputs if len(inputs) == num_inputs(mod) else None,
+        output_names=outputs if len(outputs) == count else None,
+        output_structure=output_structure.flat(count),
+    )
 
 
 USER_MODULE_PREFIX = "_plus_user_model_"

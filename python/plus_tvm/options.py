@@ -28,6 +28,7 @@ FUSION_COST_CHOICES = ("bytes", "learned")
 GIR_COST_CHOICES = ("analytic", "learned")
 CPU_PARALLEL_CHOICES = ("openmp", "tvm")
 PRECISION_CHOICES = ("fp32", "bf16", "fp16")
+TRAIN_MODE_CHOICES = ("refuse", "eval")
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,11 @@ class Options:
         in float32, norms / softmax / reductions in float32 (one table:
         ``plus_tvm.torch_half.FLOAT32_OPS``), inputs and outputs still float32
         (:mod:`plus_tvm.reduced_precision`). ``fp32`` (default): the model's own dtypes.
+    train_mode : {"refuse", "eval"}
+        A torch module left in training mode whose graph behaves differently in training
+        (dropout, batch norm with batch statistics): ``"refuse"`` (default) raises an error
+        naming the module and saying to call ``model.eval()``; ``"eval"`` compiles an
+        eval-mode copy (the user's module keeps its mode; the weights stay shared).
     dump_ir : str or None
         Folder to which the IR after each pipeline phase is written (debugging aid).
     verbose : bool
@@ -202,6 +208,7 @@ class Options:
     fold_constants: bool = True
     propagate_nan: bool = True
     precision: str = "fp32"
+    train_mode: str = "refuse"
     dump_ir: str | None = None
     verbose: bool = False
 
@@ -215,6 +222,7 @@ class Options:
         _check_choice("conv_layout", self.conv_layout, CONV_LAYOUT_CHOICES)
         _check_choice("cpu_parallel", self.cpu_parallel, CPU_PARALLEL_CHOICES)
         _check_choice("precision", self.precision, PRECISION_CHOICES)
+        _check_choice("train_mode", self.train_mode, TRAIN_MODE_CHOICES)
         _check_choice("cost_model", self.cost_model, COST_MODEL_CHOICES)
         gir = self.gir
         if isinstance(gir, bool):
