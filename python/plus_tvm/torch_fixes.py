@@ -42,9 +42,12 @@ from tvm import relax
 
 from .errors import InputRefusedError
 from .moe_converters import MOE_CONVERTERS
+from .torch_advanced_index_converters import ADVANCED_INDEX_CONVERTERS
 from .torch_clamp import CLAMP_CONVERTERS
 from .torch_index_converters import INDEX_CONVERTERS
+from .torch_minmax_converters import MINMAX_CONVERTERS
 from .torch_reductions import REDUCTION_CONVERTERS
+from .torch_scatter_converters import SCATTER_CONVERTERS
 
 __all__ = ["custom_convert_map"]
 
@@ -292,6 +295,9 @@ def custom_convert_map() -> dict[str, Converter]:
         **INDEX_CONVERTERS,  # indexing with torch's bounds checked
         **REDUCTION_CONVERTERS,  # any / all, which 0.27 lacks
         **CLAMP_CONVERTERS,  # integer bounds, clamp_max's bound, bound dtypes
+        **MINMAX_CONVERTERS,  # amax / amin, which 0.27 lacks
+        **SCATTER_CONVERTERS,  # scatter_add / scatter_reduce, which 0.27 lacks
+        **ADVANCED_INDEX_CONVERTERS,  # x[i, :, j], x[mask], index_put (index_add, y[mask] = v)
     }
     for key in FLOAT_RESULT_OPS:
         fixes[key] = promote_to_result_dtype(key)

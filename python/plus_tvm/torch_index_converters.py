@@ -22,12 +22,19 @@ Converter = Any
 
 
 def _checked(
-    importer: Any, node: Any, index: relax.Expr, extent: object, torch_op: str
+    importer: Any,
+    node: Any,
+    index: relax.Expr,
+    extent: object,
+    torch_op: str,
+    negative: bool = False,
 ) -> relax.Expr:
+    """``index`` put through ``plus.check_indices``: ``[0, extent)``, or ``[-extent, extent)``
+    with ``negative``, naming the node."""
     from .frontend import node_location
 
     where = f"'{node.name}'{node_location(node)}"
-    config = index_check.config_text(torch_op, where, negative=False, last=False)
+    config = index_check.config_text(torch_op, where, negative=negative, last=False)
     check = relax.call_pure_packed(
         index_check.NAME,
         index,

@@ -1,0 +1,45 @@
+"""``amax`` / ``amin``, which TVM 0.27's torch importer has no converter for (Reformer's
+attention takes ``amax`` of its scores).
+
+``torch.amax(x, dim=(), keepdim=False)`` reduces over ``dim`` (every axis when it is empty),
+negative dims counted from the end, keeping ``x``'s dtype: Relax's ``max`` / ``min``. Bool
+tensors are reduced as 0/1 integers (LLVM refuses float compares on ``i1``) and returned as
+bool. ``fn(node, importer) -> relax.Expr`` for the importer's ``custom_convert_map``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tvm import relax
+
+__all__ = ["MINMAX_CONVERTERS"]
+
+
+def _arg(node: Any, position: int, name: str, default: object) -> object:
+    return node.args[position] if len(node.args) > position else node.kwargs.get(name, default)
+
+
+def _reduce(reduce: Any) -> Any:
+    def convert(node: Any, importer: Any) -> relax.Expr:
+        bb = importer.block_builder
+        x = importer.env[node.args[0]]
+        dims = _arg(node, 1, "dim", [])
+        keepdim = bool(_arg(node, 2, "keepdim", False))
+        dims = [dims] if isinstance(dims, int) else list(dims or [])
+        rank = x.ty.ndim
+        axes = sorted({d + rank if d < 0 else d for d in dims}) if dims else None
+        if rank == 0:
+            return x  # torch: a 0-d tensor reduces to itself
+        dtype = str(x.ty.dtype)
+        work = bb.emit(relax.op.astype(x, "int8")) if dtype == "bool" else x
+        out = bb.emit(reduce(work, axes, keepdim))
+        return bb.emit(relax.op.astype(out, "bool")) if dtype == "bool" else out
+
+    return convert
+
+
+MINMAX_CONVERTERS = {
+    "amax.default": _reduce(relax.op.max),
+    "amin.default": _reduce(relax.op.min),
+}
