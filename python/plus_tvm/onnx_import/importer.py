@@ -2,7 +2,7 @@
 
 Before import, small constant computations (shape arithmetic) are folded into constants with
 ONNX's reference implementation (:mod:`.fold_constants`). :class:`PlusONNXImporter` subclasses
-TVM 0.27's ``ONNXGraphImporter`` and changes four things:
+TVM 0.27's ``ONNXGraphImporter`` and changes five things:
 
 - **converters first from plus_tvm** (:data:`plus_tvm.onnx_import.converters.CONVERTERS`): ops
   TVM has no converter for, and ONNX forms TVM's converters get wrong, one file per op;
@@ -14,6 +14,10 @@ TVM 0.27's ``ONNXGraphImporter`` and changes four things:
   initializer into a parameter, so a Reshape, Slice or Reduce whose shape, axes or pads come
   from an initializer fails ("Only constant axes"); integer and boolean initializers and float
   scalars become constants, weights stay parameters;
+- **half precision as ONNX Runtime computes it**: matrix products and convolutions of
+  ``float16`` / ``bfloat16`` tensors accumulate in float32 and round once
+  (:mod:`.converters.contraction`); reductions, normalizations and softmax run in float32
+  (:mod:`.converters.half_precision`);
 - **errors name the node**: a converter failure becomes an
   :class:`~plus_tvm.errors.UnsupportedOperatorError` naming the node's index, name and op type
   and the converter's reason; what TVM prints while converting is kept out of the user's
@@ -38,7 +42,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_conver
 from ..errors import TVM_FAILURE, PlusError, UnsupportedOperatorError, is_refusal
 from ..stats import HOST_NODES_ATTR
 from . import host_nodes
-from .converters import CONVERTERS
+from .converters import CONVERTERS, half_precision
 from .fold_constants import fold_constants
 
 # Ops whose TVM converters take ``ShapeExpr`` inputs (TVM's own list in ``_construct_nodes``;
@@ -113,6 +117,14 @@ class PlusONNXImporter(ONNXGraphImporter):
                 )
 
     def _convert_operator(self, op_name, inputs, attrs, opset):
+        standard = self._domain in ("", "ai.onnx")
+        if standard and half_precision.needs_float32(op_name, inputs):
+            return half_precision.in_float32(
+                self.bb, inputs, lambda cast: self._convert_one(op_name, cast, attrs, opset)
+            )
+        return self._convert_one(op_name, inputs, attrs, opset)
+
+    def _convert_one(self, op_name, inputs, attrs, opset):
         converter = CONVERTERS.get(op_name)
         if self._domain not in ("", "ai.onnx"):
             converter = None  # plus_tvm's converters are for the standard ops (not contrib)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .attention import Attention
 from .constant import Constant
+from .contraction import Conv, ConvTranspose, Gemm, MatMul
 from .expand import Expand
 from .is_inf import IsInf
 from .layer_normalization import LayerNormalization
@@ -18,9 +19,13 @@ from .softmax_cross_entropy_loss import SoftmaxCrossEntropyLoss
 CONVERTERS = {
     "Attention": Attention,
     "Constant": Constant,
+    "Conv": Conv,
+    "ConvTranspose": ConvTranspose,
     "Expand": Expand,
+    "Gemm": Gemm,
     "IsInf": IsInf,
     "LayerNormalization": LayerNormalization,
+    "MatMul": MatMul,
     "NegativeLogLikelihoodLoss": NegativeLogLikelihoodLoss,
     "SoftmaxCrossEntropyLoss": SoftmaxCrossEntropyLoss,
 }
