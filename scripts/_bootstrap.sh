@@ -17,7 +17,13 @@ if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]; then
   # torch first and pinned: the CPU build lies on this machine's disk; left to the resolver,
   # pip would fetch a multi-GB CUDA build.
   "$VENV/bin/python" -m pip install -q "torch==2.13.0" >&2
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[bench,dev]" >&2
+  # the build step (setup.py) compiles the native kernels against oneDNN and tvm-ffi: installed
+  # here first and built without isolation, so the library matches the versions this venv runs
+  # and the build needs no index (without a C++ compiler the package installs without it)
+  ONEDNN="sys_platform == 'linux' and platform_machine == 'x86_64'"
+  "$VENV/bin/python" -m pip install -q "setuptools>=77" wheel "apache-tvm-ffi>=0.1.14.post0" \
+    "onednn-cpu-gomp==2023.2.0; $ONEDNN" "onednn-devel-cpu-gomp==2023.2.0; $ONEDNN" >&2
+  "$VENV/bin/python" -m pip install -q --no-build-isolation -e "$ROOT[bench,dev]" >&2
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -598,6 +598,7 @@ def test_status_names_why_native_kernels_are_unavailable(tmp_path):
         "import plus_tvm.runtime as rt, json;print(rt.use_native(), json.dumps(rt.native.status()))"
     )
     env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), PLUS_TVM_CACHE_DIR=str(tmp_path))
+    env["PLUS_TVM_NATIVE"] = "cache"  # not the library built with the package
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout

@@ -190,6 +190,7 @@ def test_a_planted_library_that_cannot_be_rebuilt_leaves_the_python_kernels(
         f.write(planted)
     broken = [str(tmp_path / "no-such-compiler"), *command[1:]]
     monkeypatch.setattr(native, "_STATE", native._State())  # this process's state, fresh
+    monkeypatch.setenv("PLUS_TVM_NATIVE", "cache")  # not the library built with the package
     monkeypatch.setattr(native, "build", lambda: native.compile_library("k", "lib.so", broken))
     with pytest.warns(native.NativeCacheWarning, match="lib.so"):
         assert native.ensure({}) is False
@@ -220,9 +221,8 @@ def test_a_planted_plus_native_is_rebuilt_by_the_runtime_and_not_loaded(toolchai
         "from plus_tvm.runtime import KERNELS, native\n"
         "print(native.ensure(KERNELS), native.status().get('reason'))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy()
-    )
+    env = dict(os.environ, PLUS_TVM_NATIVE="cache")  # not the library built with the package
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("True"), out.stdout + out.stderr[-2000:]
     assert "plus_native.so: its SHA-256" in out.stderr and "rebuilt" in out.stderr

@@ -59,7 +59,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         NATIVE,
         "`0` / `false` / `off` / `no`: never build or load the native kernels (the Python "
-        "kernels run)",
+        "kernels run); `cache`: never load the library built with the package, only the one "
+        "built on this machine on first use",
         "`1`",
     ),
     Variable(
@@ -156,6 +157,11 @@ def native_cache() -> str | None:
 def native_enabled() -> bool:
     """Whether native kernels may be used (``PLUS_TVM_NATIVE`` is not 0/false/off/no)."""
     return _text(NATIVE).lower() not in _OFF
+
+
+def native_cache_only() -> bool:
+    """``PLUS_TVM_NATIVE=cache``: the library built on first use, never the package's."""
+    return _text(NATIVE).lower() == "cache"
 
 
 def measure_library() -> bool:

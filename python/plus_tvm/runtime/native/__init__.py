@@ -10,17 +10,26 @@ output buffer in place, and it hands every call it does not support (another lay
 device, an unknown config key) to the Python kernel it was created with. Results are the same
 either way (tested); only the speed differs.
 
-The C++ sources ship with the package and are compiled once per machine into
-``<build_dir>/<key>/`` (``$PLUS_TVM_NATIVE_CACHE``, else ``<cache root>/native``, see
-:mod:`plus_tvm.paths`; ``key`` hashes the sources, the compiler, and the oneDNN and tvm-ffi
-versions) with ``$CXX`` (default ``c++``), against oneDNN from the ``onednn-cpu-gomp`` /
-``onednn-devel-cpu-gomp`` packages and tvm-ffi's headers. Without a compiler or oneDNN the
-Python kernels run, and :func:`status` says why. ``PLUS_TVM_NATIVE=0`` keeps the Python
-kernels (for comparisons).
+The library is compiled when the package is installed (``setup.py``: ``plus_native.so`` beside
+these sources, with a manifest of what it was built from, ``_build.py``), so that a deployed
+model needs neither a compiler nor torch. It is used when it is whole and was built from these
+sources against the oneDNN and tvm-ffi installed now (:func:`packaged`); otherwise (installed
+without a compiler, sources edited since an editable install, other versions) the C++ sources
+are compiled once per machine into ``<build_dir>/<key>/`` (``$PLUS_TVM_NATIVE_CACHE``, else
+``<cache root>/native``, see :mod:`plus_tvm.paths`; ``key`` hashes the sources, the compiler,
+and the oneDNN and tvm-ffi versions) with ``$CXX`` (default ``c++``), against oneDNN from the
+``onednn-cpu-gomp`` / ``onednn-devel-cpu-gomp`` packages and tvm-ffi's headers. Without either
+the Python kernels run, and :func:`status` says why. ``PLUS_TVM_NATIVE=0`` keeps the Python
+kernels (for comparisons), ``PLUS_TVM_NATIVE=cache`` ignores the package's library.
 
-A library is loaded only as it was built (:func:`compile_library`): its SHA-256 is recorded in
-a manifest beside it when it is built, and checked before it is loaded; a library without a
-manifest, with another digest, or truncated is rebuilt, never loaded (a
+The package's library is checked against its manifest (SHA-256 and size) before it is loaded,
+against accidents (a truncated or half-copied install); it is trusted as the package's Python
+code is (whoever can write the package's folder can change that code too), so its folder is
+not required to be private as the cache's is.
+
+A library in the cache is loaded only as it was built (:func:`compile_library`): its SHA-256 is
+recorded in a manifest beside it when it is built, and checked before it is loaded; a library
+without a manifest, with another digest, or truncated is rebuilt, never loaded (a
 :class:`NativeCacheWarning` names it). The build folders are private (mode 0700, owned by the
 user: :func:`plus_tvm.paths.private_dir`): the manifest sits in the same folder, so it protects
 against accidents (a half-written or truncated file, a crash mid-build) and, only because no one
@@ -30,13 +39,13 @@ else can write that folder, against a library planted by another user.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
-import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,6 +53,8 @@ from pathlib import Path
 
 from ... import env
 from ...paths import check_private, private_dir, read_private, write_json
+from . import _build
+from ._build import MANIFEST_SUFFIX, NativeUnavailableError
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = (
@@ -61,9 +72,6 @@ SOURCES = (
 # -O2); -fopenmp: parallel_launch.cc, nan_guard.h, silu_pass.h and winograd.h (libgomp, the
 # OpenMP runtime oneDNN and torch use)
 COMPILE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fopenmp")
-ONEDNN_PACKAGE = "onednn-cpu-gomp"
-ONEDNN_HEADERS_PACKAGE = "onednn-devel-cpu-gomp"
-MANIFEST_SUFFIX = ".manifest.json"  # beside each library: ``plus_native.so.manifest.json``
 # kernel name -> prefix of its exported functions (``<prefix>_create(fallback)`` etc.)
 KERNELS = {
     "plus.attention": "attention",
@@ -86,10 +94,6 @@ def runs_natively(kernel: str, config: dict[str, object]) -> bool:
     return kernel in ("plus.linear_layernorm", "plus.attention")
 
 
-class NativeUnavailableError(Exception):
-    """The native kernels cannot be built or loaded here (the message says why)."""
-
-
 class NativeCacheWarning(UserWarning):
     """A compiled library in the cache was not the one built there (no manifest, another
     digest, truncated): it is not loaded, and is rebuilt."""
@@ -104,6 +108,8 @@ class _State:
     installed: dict[str, object] = field(default_factory=dict)
     reason: str | None = None  # why it is unavailable, once known
     path: str | None = None
+    origin: str | None = None  # "package" (built with it) or "cache" (built on first use)
+    load_s: float | None = None  # seconds ensure() took: loading, or building and loading
     use_openmp: object | None = None  # parallel_use_openmp, once the launch is installed
 
 
@@ -129,48 +135,14 @@ def enabled() -> bool:
     return env.native_enabled()
 
 
-def _distribution_dir(package: str, suffix: str) -> Path:
-    """The folder holding ``suffix`` (a file name) among ``package``'s installed files."""
-    try:
-        dist = importlib.metadata.distribution(package)
-    except importlib.metadata.PackageNotFoundError:
-        raise NativeUnavailableError(f"the {package} package is not installed") from None
-    for f in dist.files or ():
-        if str(f).endswith(suffix):
-            return Path(dist.locate_file(f)).resolve().parent
-    raise NativeUnavailableError(f"the {package} package has no {suffix}")
-
-
 def compiler() -> tuple[str, str]:
     """The C++ compiler (``$CXX``, default ``c++``) and the first line of its ``--version``."""
-    path = shutil.which(env.cxx())
-    if path is None:
-        raise NativeUnavailableError(f"no C++ compiler ({env.cxx()}) on PATH")
-    version = subprocess.run(
-        [path, "--version"], capture_output=True, text=True, check=False
-    ).stdout.splitlines()[:1]
-    return path, version[0] if version else ""
+    return _build.find_compiler(env.cxx())
 
 
 def _toolchain() -> dict[str, str]:
     """Compiler, include and library folders, and what identifies them (for the cache key)."""
-    import tvm_ffi.libinfo
-
-    cxx, cxx_version = compiler()
-    lib = _distribution_dir(ONEDNN_PACKAGE, "libdnnl.so.3")
-    include = _distribution_dir(ONEDNN_HEADERS_PACKAGE, "oneapi/dnnl/dnnl.hpp").parent.parent
-    ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi()).resolve()
-    return {
-        "compiler": cxx,
-        "compiler_version": cxx_version,
-        "onednn_include": str(include),
-        "onednn_lib": str(lib),
-        "onednn_version": importlib.metadata.version(ONEDNN_PACKAGE),
-        "ffi_include": tvm_ffi.libinfo.find_include_path(),
-        "dlpack_include": tvm_ffi.libinfo.find_dlpack_include_path(),
-        "ffi_lib": str(ffi_lib),
-        "ffi_version": importlib.metadata.version("apache-tvm-ffi"),
-    }
+    return _build.toolchain(env.cxx())
 
 
 def _key(tools: dict[str, str]) -> str:
@@ -202,24 +174,40 @@ def build() -> str:
         No compiler, no oneDNN, or the compilation failed (the message names the log).
     """
     tools = _toolchain()
-    return compile_library(
-        _key(tools),
-        "plus_native.so",
-        [
-            tools["compiler"],
-            *COMPILE_FLAGS,
-            *[str(SOURCE_DIR / name) for name in SOURCES if name.endswith(".cc")],
-            f"-I{tools['onednn_include']}",
-            f"-I{tools['ffi_include']}",
-            f"-I{tools['dlpack_include']}",
-            f"-L{Path(tools['ffi_lib']).parent}",
-            "-ltvm_ffi",
-            f"-L{tools['onednn_lib']}",
-            "-l:libdnnl.so.3",
-            f"-Wl,-rpath,{tools['onednn_lib']}",
-            f"-Wl,-rpath,{Path(tools['ffi_lib']).parent}",
-        ],
-    )
+    command = _build.command(tools, SOURCE_DIR, SOURCES, COMPILE_FLAGS)
+    return compile_library(_key(tools), _build.LIBRARY, command)
+
+
+def packaged() -> str:
+    """The path of the library built with the package (``setup.py``), checked against its
+    manifest: whole, built from these sources and flags, against the installed oneDNN and
+    tvm-ffi (:func:`plus_tvm.runtime.native._build.packaged_problem`).
+
+    Raises
+    ------
+    NativeUnavailableError
+        Saying why it cannot be used.
+    """
+    library = SOURCE_DIR / _build.LIBRARY
+    problem = _build.packaged_problem(library, SOURCE_DIR, SOURCES, COMPILE_FLAGS)
+    if problem is not None:
+        raise NativeUnavailableError(f"the package's {library.name}: {problem}")
+    return str(library)
+
+
+def _library() -> tuple[str, str]:
+    """The library to load and where it came from: the package's, else the cache's (built
+    first where needed); the error names why neither can be had."""
+    if env.native_cache_only():
+        return build(), "cache"
+    try:
+        return packaged(), "package"
+    except NativeUnavailableError as err:
+        why = str(err)
+    try:
+        return build(), "cache"
+    except NativeUnavailableError as err:
+        raise NativeUnavailableError(f"{err}; {why}") from None
 
 
 def _sha256(path: Path) -> tuple[str, int]:
@@ -324,12 +312,15 @@ def ensure(kernels: dict[str, object]) -> bool:
             return True
         if _STATE.reason is not None:
             return False
+        start = time.perf_counter()
         try:
-            _STATE.path = build()
+            _STATE.path, _STATE.origin = _library()
             _install(kernels)
         except NativeUnavailableError as err:
             _STATE.reason = str(err)
             return False
+        finally:
+            _STATE.load_s = round(time.perf_counter() - start, 4)
         return True
 
 
@@ -337,6 +328,9 @@ def _install(kernels: dict[str, object]) -> None:
     import tvm_ffi
 
     try:
+        # oneDNN from its installed package, found then by its soname whatever the library's
+        # rpaths say (a wheel built in a build environment that is gone)
+        ctypes.CDLL(str(_build.onednn_lib() / "libdnnl.so.3"))
         module = tvm_ffi.load_module(_STATE.path)
     except (OSError, RuntimeError) as err:
         raise NativeUnavailableError(f"loading {_STATE.path} failed: {err}") from None
@@ -423,7 +417,13 @@ def status() -> dict[str, object]:
     if _STATE.module is None:
         return {"available": False, "reason": _STATE.reason or "not loaded yet"}
     stats = {name: json.loads(str(text)) for name, text in _each("stats").items()}
-    out = {"available": True, "library": _STATE.path, "kernels": stats}
+    out = {
+        "available": True,
+        "library": _STATE.path,
+        "origin": _STATE.origin,
+        "load_s": _STATE.load_s,
+        "kernels": stats,
+    }
     if openmp_parallel_available():
         out["openmp_launches"] = openmp_launches()
     return out
