@@ -240,3 +240,31 @@ def test_train_mode_eval_compiles_an_eval_copy():
     np.testing.assert_allclose(cm(x).numpy(), want, atol=1e-5)
     with pytest.raises(OptionsError, match="train_mode='train' is not one of"):
         plus_tvm.Options(train_mode="train")
+
+
+def test_only_ops_that_differ_in_training_count():
+    from plus_tvm.torch_model_prep import training_ops
+
+    class Recurrent(nn.Module):
+        def __init__(self, dropout: float) -> None:
+            super().__init__()
+            self.rnn = nn.LSTM(4, 4, num_layers=2, batch_first=True, dropout=dropout)
+
+        def forward(self, x):
+            return nn.functional.dropout(self.rnn(x)[0], 0.0, training=self.training)
+
+    x = torch.randn(1, 3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch's note on the LSTM's flat weights)
+        same = torch.export.export(Recurrent(0.0), (x,))
+        differs = torch.export.export(Recurrent(0.3), (x,))
+    assert training_ops(same) == []  # dropout of probability 0: the same in both modes
+    assert training_ops(differs) == [("rnn", "LSTM", "lstm")]
+
+
+def test_a_transformers_model_built_from_its_config_is_in_training_mode():
+    model = _gpt2().train()  # (a model built from a config, not from_pretrained)
+    ids = torch.randint(0, 64, (1, 8))
+    with pytest.raises(ModelLoadError, match="Dropout at 'transformer.drop' runs dropout"):
+        plus_tvm.compile(model, example_args=(ids,))
+    assert model.config.use_cache is True and model.training

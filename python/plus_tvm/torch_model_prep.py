@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 
 TRAIN_MODES = ("refuse", "eval")
 _TRAIN_ARGS = ("train", "training")
+_DROPOUT_ARGS = ("p", "dropout")  # the probability arguments of dropout ops and RNNs
 
 
 def training_ops(program: object) -> list[tuple[str, str, str]]:
@@ -33,7 +34,8 @@ def training_ops(program: object) -> list[tuple[str, str, str]]:
             continue
         stack = list((node.meta.get("nn_module_stack") or {}).values())
         path, cls = stack[-1] if stack else ("", "the model")
-        op = getattr(node.target, "__name__", str(node.target))
+        packet = getattr(node.target, "_overloadpacket", None)  # (dropout, not dropout.default)
+        op = getattr(packet, "__name__", None) or getattr(node.target, "__name__", str(node.target))
         found.append((str(path), str(cls).rsplit(".", 1)[-1], op))
     return found
 
@@ -42,12 +44,14 @@ def _training_set(node: object) -> bool:
     schema = getattr(node.target, "_schema", None)
     if schema is None:
         return False
-    for i, arg in enumerate(schema.arguments):
-        if arg.name in _TRAIN_ARGS:
-            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            if value is True:
-                return True
-    return False
+    values = {
+        arg.name: node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+        for i, arg in enumerate(schema.arguments)
+    }
+    if not any(values.get(name) is True for name in _TRAIN_ARGS):
+        return False
+    # a dropout of probability 0 (an RNN's default) is the same in both modes
+    return not any(values.get(name) in (0, 0.0) for name in _DROPOUT_ARGS)
 
 
 def training_message(name: str, found: list[tuple[str, str, str]]) -> str:
