@@ -23,6 +23,7 @@ import json
 import operator
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -298,6 +299,7 @@ class CompiledModel:
             vm = None
         if vm is None:
             with self._lock:  # VM construction reads the shared executable
+                start = time.perf_counter()
                 if self._cpu:
                     # the VM resolves kernel names when it is built, and the JIT module starts
                     # with the parallel launch in force then
@@ -311,6 +313,10 @@ class CompiledModel:
                         f"{target_name(self.target)} {triple}): {_last_line(err)}; export it "
                         "and run it on the machine it was compiled for"
                     ) from None
+                # the first call's fixed cost: native kernels loaded (or built), TVM's device
+                # setup (VirtualMachine._setup_device: constants, device modules); docs/architecture
+                if isinstance(self.stats, dict):
+                    self.stats["setup_s"] = round(time.perf_counter() - start, 4)
                 self._check_signature(vm)
                 self._local.vm = vm
                 self._local.main = vm["main"]  # (a lookup through the FFI: once, not per call)
