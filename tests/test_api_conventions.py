@@ -188,6 +188,22 @@ def test_onnx_input_and_output_names_are_kept():
         cm.run(["w"], {"input.1": x})
 
 
+def test_plus_tvm_run_writes_the_onnx_output_names(tmp_path, capsys):
+    from plus_tvm import cli
+
+    path = tmp_path / "two.onnx"
+    path.write_bytes(_onnx_model().SerializeToString())
+    x = np.ones((2, 3), "float32")
+    np.savez(tmp_path / "in.npz", **{"input.1": x})
+    out = tmp_path / "out.npz"
+    argv = ["run", str(path), "--inputs", str(tmp_path / "in.npz"), "--output", str(out)]
+    assert cli.main(argv) == 0
+    assert "y: shape (2, 3)" in capsys.readouterr().out
+    saved = np.load(out)
+    assert sorted(saved.files) == ["y", "z"]
+    np.testing.assert_allclose(saved["z"], x + 1)
+
+
 # --------------------------------------------------------------------------- dynamic shapes
 def test_compile_takes_dynamic_shapes():
     model = nn.Sequential(nn.Linear(4, 5), nn.ReLU()).eval()

@@ -314,8 +314,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     else:
         inputs = random_inputs(cm.inputs)
-    outputs = cm(*inputs)
-    outs = outputs if isinstance(outputs, tuple) else (outputs,)
+    named = cm.run_named(*inputs)  # the outputs flat, by the model's names (ONNX: its own)
+    outs = tuple(named.values())
     result: dict[str, object] = {
         "model": cm.stats.get("model"),
         "outputs": [
@@ -337,13 +337,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
             result["reference"] = ref_name
             result.update(check)
     if args.output:
-        _write(args.output, lambda f: np.savez(f, **{f"output{i}": o for i, o in enumerate(outs)}))
+        _write(args.output, lambda f: np.savez(f, **named))
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        for i, o in enumerate(result["outputs"]):
+        for name, o in zip(named, result["outputs"]):
             print(
-                f"output{i}: shape {tuple(o['shape'])} {o['dtype']} mean {o['mean']:.4g} "
+                f"{name}: shape {tuple(o['shape'])} {o['dtype']} mean {o['mean']:.4g} "
                 f"std {o['std']:.4g}"
             )
         if check is not None:
