@@ -9,6 +9,7 @@ same point, so both report comparable numbers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 import time
@@ -404,7 +405,12 @@ def _load(model: object, example_args: object, options: Options, export: dict) -
     from .reduced_precision import in_precision
 
     loaded = load_model(model, example_args, train_mode=options.train_mode, **export)
-    return in_precision(loaded, options.precision)
+    converted = in_precision(loaded, options.precision)
+    if converted is loaded:
+        return loaded
+    # (the same inputs and outputs: their names and structure are the model's)
+    names = ("input_names", "output_names", "output_structure")
+    return dataclasses.replace(converted, **{n: getattr(loaded, n) for n in names})
 
 
 def _writable_folder(folder: str, what: str) -> None:
