@@ -5,7 +5,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PYTHON_BIN="${PYTHON:-python3}"
 STAMP="$VENV/.plus-tvm-installed"
-WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/_bootstrap.sh" | sha256sum | cut -c1-16)"
+# (the native kernels' sources too: the install compiles them into the package, setup.py)
+WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/_bootstrap.sh" "$ROOT/setup.py" \
+  "$ROOT"/python/plus_tvm/runtime/native/*.{cc,h} | sha256sum | cut -c1-16)"
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV" >&2
