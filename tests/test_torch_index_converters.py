@@ -219,3 +219,16 @@ def test_a_mask_mixed_with_integer_indices_is_a_clear_error():
     message = str(info.value)
     assert "index_put" in message and "combined with integer index" in message
     assert "test_torch_index_converters.py" in message  # the node's source line
+
+
+# ------------------------------------------------------------------- arange, negative step
+def test_arange_with_a_negative_step_has_torch_length_and_values():
+    def fn(x):
+        n = x.shape[0]
+        return (
+            torch.arange(n, -n, -1) + x.sum().long(),  # Funnel's relative positions
+            torch.arange(5.0, -1.0, -1.5) * x.mean(),
+            torch.arange(n, 0, -3, dtype=torch.uint8),
+        )
+
+    _check(fn, (torch.ones(12),), (torch.full((12,), 2.0),))

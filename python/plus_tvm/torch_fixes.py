@@ -43,6 +43,7 @@ from tvm import relax
 from .errors import InputRefusedError
 from .moe_converters import MOE_CONVERTERS
 from .torch_advanced_index_converters import ADVANCED_INDEX_CONVERTERS
+from .torch_arange_converters import ARANGE_CONVERTERS
 from .torch_clamp import CLAMP_CONVERTERS
 from .torch_index_converters import INDEX_CONVERTERS
 from .torch_minmax_converters import MINMAX_CONVERTERS
@@ -298,6 +299,7 @@ def custom_convert_map() -> dict[str, Converter]:
         **MINMAX_CONVERTERS,  # amax / amin, which 0.27 lacks
         **SCATTER_CONVERTERS,  # scatter_add / scatter_reduce, which 0.27 lacks
         **ADVANCED_INDEX_CONVERTERS,  # x[i, :, j], x[mask], index_put (index_add, y[mask] = v)
+        **ARANGE_CONVERTERS,  # a negative step, which 0.27 sizes wrongly
     }
     for key in FLOAT_RESULT_OPS:
         fixes[key] = promote_to_result_dtype(key)
