@@ -379,7 +379,7 @@ def call_features(call: LibraryCall, match, graph, sizes: dict, kind: str, machi
     shapes = _operand_shapes(call, graph, sizes)
     if flops is None or shapes is None:
         return None
-    native = kind == "llvm" and runs_natively(call.kernel, call.config)
+    native = kind == "llvm" and runs_natively(call.kernel, call.config, str(call.args[0].ty.dtype))
     return library_features(
         call.kernel, flops, shapes[0], shapes[1], native=native, threads=machine.threads
     )
@@ -437,7 +437,7 @@ def _analytic_prices(call: LibraryCall, match, cost: DispatchCost, kind: str):  
                     return None
                 n *= size
             nbytes += n * tvm.runtime.DataType(str(ty.dtype)).bits / 8
-    native = kind == "llvm" and runs_natively(call.kernel, call.config)
+    native = kind == "llvm" and runs_natively(call.kernel, call.config, str(call.args[0].ty.dtype))
     gflops = library_gflops(call.kernel, kind, measure=False)
     library_us = predict_library_us(cost, flops, nbytes, native, gflops)
     return library_us, predict_tir_us(cost, flops, nbytes), "analytic"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 
+import ml_dtypes
 import numpy as np
 import plus_tvm.runtime as rt
 import pytest
@@ -614,10 +615,14 @@ def test_status_names_why_native_kernels_are_unavailable(tmp_path):
 # plus.linear / plus.linear_layernorm
 
 
-def kernel_exe(kernel: str, shapes, config: str, out_shapes):
+def kernel_exe(kernel: str, shapes, config: str, out_shapes, dtypes=None):
+    """``dtypes``: of the inputs (default float32); the outputs have the first's."""
+    dtypes = dtypes or ["float32"] * len(shapes)
     bb = relax.BlockBuilder()
-    params = [relax.Var(f"in{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
-    out_ty = [relax.TensorType(tuple(s), "float32") for s in out_shapes]
+    params = [
+        relax.Var(f"in{i}", relax.TensorType(s, t)) for i, (s, t) in enumerate(zip(shapes, dtypes))
+    ]
+    out_ty = [relax.TensorType(tuple(s), dtypes[0]) for s in out_shapes]
     with bb.function("main", params):
         out = bb.emit(
             relax.call_dps_packed(
@@ -630,15 +635,51 @@ def kernel_exe(kernel: str, shapes, config: str, out_shapes):
     return tvm.compile(bb.get(), target=TARGET)
 
 
+def to_tvm(t: torch.Tensor):
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ml_dtypes' (TVM's)
+        return tvm.runtime.tensor(t.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+    return tvm.runtime.tensor(t.numpy())
+
+
+def from_tvm(t) -> torch.Tensor:
+    arr = t.numpy()
+    if arr.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
 def run_kernel(kernel: str, inputs, config: str, out_shapes) -> tuple[list, int]:
-    exe = kernel_exe(kernel, [tuple(t.shape) for t in inputs], config, out_shapes)
+    dtypes = [str(t.dtype).removeprefix("torch.") for t in inputs]
+    exe = kernel_exe(kernel, [tuple(t.shape) for t in inputs], config, out_shapes, dtypes)
     fn = relax.VirtualMachine(exe, tvm.cpu())["main"]
     before = native.status()["kernels"][kernel]
-    out = fn(*[tvm.runtime.tensor(t.numpy()) for t in inputs])
+    out = fn(*[to_tvm(t) for t in inputs])
     after = native.status()["kernels"][kernel]
     outs = list(out) if isinstance(out, (list, tuple, tvm.ir.Array)) else [out]
     assert after["calls"] + after["fallbacks"] > before["calls"] + before["fallbacks"]
-    return [torch.from_numpy(o.numpy()) for o in outs], after["fallbacks"] - before["fallbacks"]
+    return [from_tvm(o) for o in outs], after["fallbacks"] - before["fallbacks"]
+
+
+def python_kernel(kernel: str, inputs, config: str, out_shapes) -> list:
+    """The Python kernel's outputs for the same call (the native one's reference)."""
+    outs = [torch.empty(s, dtype=inputs[0].dtype) for s in out_shapes]
+    rt.KERNELS[kernel](*inputs, config, *outs)
+    return outs
+
+
+def close_half(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal within a unit in the last place of bfloat16 (both round a float32 result once;
+    float32 sums in another order may round to the neighbour)."""
+    assert got.dtype == want.dtype == torch.bfloat16
+    scale = max(1.0, float(want.float().abs().max()))
+    torch.testing.assert_close(
+        got.float(), want.float(), rtol=2.0**-7, atol=2.0**-7 * scale, equal_nan=True
+    )
+
+
+BF16 = pytest.mark.skipif(
+    "bfloat16" not in native.cpu_dtypes(), reason="the CPU computes no bfloat16 natively"
+)
 
 
 @pytest.mark.parametrize("layout", ["nk", "kn"])
@@ -716,6 +757,79 @@ def test_linear_layernorm_native(gamma, beta, sum_out):
         close(outs[1], s)
 
 
+@BF16
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("bias,residual", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "silu"])
+def test_linear_native_bfloat16(layout, bias, residual, act):
+    """A bfloat16 call runs natively (float32 accumulation, bias and epilogue in float32, one
+    rounding) and equals the Python kernel's and torch's."""
+    torch.manual_seed(len(act) + 3 * bias + 5 * residual)
+    k, n, lead = 96, 40, (2, 7)
+    x, w = torch.randn(*lead, k).bfloat16(), torch.randn(n, k).bfloat16()
+    inputs = [x, w if layout == "nk" else w.t().contiguous()]
+    want = x.float() @ w.float().t()
+    cfg = f"w={layout};act={act}"
+    if bias:
+        b = torch.randn(n).bfloat16()
+        inputs.append(b)
+        want = want + b.float()
+        cfg += ";bias=1"
+    want = ACT[act](want)
+    if residual:
+        r = torch.randn(*lead, n).bfloat16()
+        inputs.append(r)
+        want = want + r.float()
+        cfg += ";residual=1"
+    (got,), fallbacks = run_kernel("plus.linear", inputs, cfg, [want.shape])
+    assert fallbacks == 0
+    close_half(got, want.bfloat16())
+    close_half(got, python_kernel("plus.linear", inputs, cfg, [want.shape])[0])
+
+
+@BF16
+@pytest.mark.parametrize("sum_out", [False, True])
+def test_linear_layernorm_native_bfloat16(sum_out):
+    """The sum rounded once to bfloat16, normalized in float32 with gamma / beta widened, and
+    rounded once: torch's half layer_norm of torch's half addmm."""
+    torch.manual_seed(int(sum_out))
+    x, w = torch.randn(2, 6, 64).bfloat16(), torch.randn(48, 64).bfloat16()
+    b, r = torch.randn(48).bfloat16(), torch.randn(2, 6, 48).bfloat16()
+    g, be = (torch.rand(48) + 0.5).bfloat16(), torch.randn(48).bfloat16()
+    inputs = [x, w, b, r, g, be]
+    cfg = "w=nk;bias=1;residual=1;gamma=1;beta=1;eps=1e-6" + (";sum_out=1" if sum_out else "")
+    s = (x.float() @ w.float().t() + b.float() + r.float()).bfloat16()
+    want = F.layer_norm(s, (48,), g, be, 1e-6)
+    shapes = [s.shape] * (2 if sum_out else 1)
+    outs, fallbacks = run_kernel("plus.linear_layernorm", inputs, cfg, shapes)
+    assert fallbacks == 0
+    close_half(outs[0], want)
+    reference = python_kernel("plus.linear_layernorm", inputs, cfg, shapes)
+    close_half(outs[0], reference[0])
+    if sum_out:
+        close_half(outs[1], s)
+        close_half(outs[1], reference[1])
+
+
+def test_linear_native_takes_only_its_dtypes():
+    """The dtypes the C++ kernel takes are the Python kernel's list (on this CPU), and the
+    dispatcher's cost model agrees; float16 (not among them) and float64 fall back."""
+    for name in ("plus.linear", "plus.linear_layernorm", "plus.attention", "plus.conv2d"):
+        assert native.status()["kernels"][name]["dtypes"] == list(
+            native.native_dtypes(rt.KERNELS[name])
+        )
+    assert native.runs_natively("plus.linear", {"w": "nk"}, "float32")
+    assert not native.runs_natively("plus.linear", {"w": "nk"}, "float64")
+    assert native.runs_natively("plus.linear", {"w": "nk"}, "bfloat16") == (
+        "bfloat16" in native.cpu_dtypes()
+    )
+    for dtype in (torch.float16, torch.float64):
+        x, w, b = torch.randn(3, 8, dtype=dtype), torch.randn(5, 8, dtype=dtype), torch.randn(5)
+        (got,), fallbacks = run_kernel("plus.linear", [x, w, b.to(dtype)], "w=nk;bias=1", [(3, 5)])
+        assert fallbacks == 1
+        torch.testing.assert_close(got, (x @ w.t() + b.to(dtype)), rtol=1e-2, atol=1e-2)
+
+
 def test_linear_native_merged_parts_fall_back_to_python():
     x, w1, w2 = torch.randn(3, 8), torch.randn(4, 8), torch.randn(5, 8)
     (got,), fallbacks = run_kernel("plus.linear", [x, w1, w2], "w=nk;parts=2", [(3, 9)])
@@ -765,6 +879,34 @@ def test_attention_native(layout, out_layout, mask_shape, causal, scale):
     (got,), fallbacks = run_kernel("plus.attention", inputs, cfg, [out_shape])
     assert fallbacks == 0
     close(got, laid(want, out_layout))
+
+
+@BF16
+@pytest.mark.parametrize("mask_dtype", [None, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_native_bfloat16(mask_dtype, causal):
+    """Scores and softmax in float32, the probabilities rounded once for the product with v,
+    rounded once into out; equal to the Python kernel's (SDPA) and to torch's."""
+    torch.manual_seed(2)
+    b, h, sq, sk, d = 2, 3, 7, 9, 16
+    q, k, v = (torch.randn(b, h, s, d).bfloat16() for s in (sq, sk, sk))
+    inputs = [q, k, v]
+    cfg = f"causal={int(causal)};zero_masked=1"
+    mask = None
+    if mask_dtype is not None:
+        mask = torch.randn(b, 1, 1, sk).to(mask_dtype)
+        mask[1, ..., :] = float("-inf")  # a batch whose every key is masked: zero_masked
+        inputs.append(mask)
+        cfg += ";mask=1"
+    want = _attention_reference(
+        q.float(), k.float(), v.float(), None if mask is None else mask.float(), causal, d**-0.5
+    )
+    if mask is not None:
+        want[1] = 0.0
+    (got,), fallbacks = run_kernel("plus.attention", inputs, cfg, [q.shape])
+    assert fallbacks == 0
+    close_half(got, want.bfloat16())
+    close_half(got, python_kernel("plus.attention", inputs, cfg, [q.shape])[0])
 
 
 def test_attention_native_causal_with_more_queries_than_keys_falls_back():

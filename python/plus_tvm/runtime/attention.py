@@ -36,6 +36,9 @@ class Attention(LibraryKernel):
     name = "plus.attention"
     spec = ATTENTION_SPEC
     cpu_gflops = 130.0  # 1x12x128x64, SDPA flash: 120-150
+    # the dtypes its native form (native/onednn_attention.cc) runs, on CPUs that compute them
+    # natively (native.native_dtypes)
+    native_dtypes = ("float32", "bfloat16")
     cuda_gflops = 5000.0
 
     def probe(self, rand):  # noqa: ANN001, ANN201

@@ -105,6 +105,8 @@ class Conv2d(LibraryKernel):
     name = "plus.conv2d"
     spec = CONV2D_SPEC
     cpu_gflops = 350.0  # ResNet-50's layers: 200-475 (1x1 layers lowest)
+    # the dtypes its native form (native/onednn_conv2d.cc) runs
+    native_dtypes = ("float32",)
     cuda_gflops = 15000.0
 
     def probe(self, rand):  # noqa: ANN001, ANN201

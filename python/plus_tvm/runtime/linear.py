@@ -172,6 +172,9 @@ class Linear(LibraryKernel):
     name = "plus.linear"
     spec = LINEAR_SPEC
     cpu_gflops = 420.0  # 128x768x{768,2304,3072}, prepacked weight: 390-460
+    # the dtypes its native form (native/onednn_linear.cc) runs, on CPUs that compute them
+    # natively (native.native_dtypes); float16 stays here until a CPU with it tests it
+    native_dtypes = ("float32", "bfloat16")
     cuda_gflops = 20000.0
 
     def probe(self, rand):  # noqa: ANN001, ANN201

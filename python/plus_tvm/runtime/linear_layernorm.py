@@ -39,6 +39,8 @@ class LinearLayerNorm(LibraryKernel):
     name = "plus.linear_layernorm"
     spec = LINEAR_LAYERNORM_SPEC
     cpu_gflops = 370.0  # 128x768x768: 350-400
+    # the dtypes its native form runs (native/onednn_linear.cc; see plus.linear's)
+    native_dtypes = ("float32", "bfloat16")
     cuda_gflops = 15000.0
 
     def probe(self, rand):  # noqa: ANN001, ANN201

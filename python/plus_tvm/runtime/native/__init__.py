@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -81,10 +82,42 @@ KERNELS = {
 }
 
 
-def runs_natively(kernel: str, config: dict[str, object]) -> bool:
-    """Whether a CPU call of ``kernel`` with ``config`` (the binder's dict) is one the native
-    kernels run (fp32 aside, which they check per call): the dispatcher's cost model prices its
-    crossing accordingly. Kept next to the C++ that decides the same (``cfg.native``)."""
+# CPU flags (``/proc/cpuinfo``) under which oneDNN computes a half dtype natively (its
+# avx512_core_bf16 / avx512_core_fp16 / AMX code); elsewhere it would emulate it, slower than
+# the Python kernels' paths
+_HALF_CPU_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_dtypes() -> tuple[str, ...]:
+    """The float dtypes oneDNN computes natively on this CPU: float32, and bfloat16 / float16
+    where the CPU has the instructions for them (Linux's CPU flags; elsewhere float32 only)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        line = ""
+    flags = set(line.partition(":")[2].split())
+    half = [d for d, needs in _HALF_CPU_FLAGS.items() if flags.intersection(needs)]
+    return ("float32", *half)
+
+
+def native_dtypes(kernel: object) -> tuple[str, ...]:
+    """The dtypes the native form of a Python ``kernel`` runs here: those its C++ computes
+    (the kernel's ``native_dtypes``, the one list of them) that this CPU computes natively.
+    The C++ kernel gets them when it is created and checks every call against them."""
+    return tuple(d for d in getattr(kernel, "native_dtypes", ()) if d in cpu_dtypes())
+
+
+def runs_natively(kernel: str, config: dict[str, object], dtype: str = "float32") -> bool:
+    """Whether a CPU call of ``kernel`` with ``config`` (the binder's dict) on ``dtype``
+    tensors is one the native kernels run: the dispatcher's cost model prices its crossing
+    accordingly. Kept next to the C++ that decides the same (``cfg.native``, and the dtypes
+    of :func:`native_dtypes`, checked per call)."""
+    from .. import KERNELS
+
+    if kernel not in KERNELS or dtype not in native_dtypes(KERNELS[kernel]):
+        return False
     if config.get("prepack", True) is False:
         return False
     if kernel == "plus.conv2d":
@@ -335,7 +368,7 @@ def _install(kernels: dict[str, object]) -> None:
     except (OSError, RuntimeError) as err:
         raise NativeUnavailableError(f"loading {_STATE.path} failed: {err}") from None
     for name, prefix in KERNELS.items():
-        native = module[f"{prefix}_create"](kernels[name])
+        native = module[f"{prefix}_create"](kernels[name], ",".join(native_dtypes(kernels[name])))
         tvm_ffi.register_global_func(name, native, override=True)
         _STATE.installed[name] = native
     if module["parallel_install"]():

@@ -1,13 +1,20 @@
 // plus.attention on oneDNN, called by TVM's VM without Python.
 //
 // The fast path of ``plus.attention`` (../attention.py holds the contract and the reference):
-// fp32 CPU tensors, q / k / v in ``bhsd`` or ``bshd`` (read in place through strides: no
+// CPU tensors of one dtype the Python kernel names as native (``native_dtypes()``), q / k / v
+// in ``bhsd`` or ``bshd`` (read in place through strides: no
 // transposes), an optional additive mask broadcast to [B, H, Sq, Sk], an optional causal mask
 // (top-left aligned, as torch's is_causal), the result written straight into ``out`` in
 // ``bhsd`` or ``bshd``. Three primitives: scores = q @ k^T * scale + masks (one matmul, the
 // scale and the masks as post-ops) into this thread's scratch buffer, softmax over the keys in
 // place, out = scores @ v (one matmul). torch's CPU flash attention takes 430-480 us at BERT's
 // shape (12 heads, 128 tokens, 64 dims); these three take about 200 us.
+//
+// In bfloat16 / float16 the scores accumulate and stay in float32 (scale and masks added in
+// float32), the softmax computes in float32 and rounds the probabilities once to the dtype,
+// and the second matmul accumulates them with v in float32 and rounds once into ``out``: as
+// torch's CPU flash attention in half precision (float32 scores and softmax, probabilities
+// rounded for the product with v). The mask is in the call's dtype or float32.
 
 #include <cmath>
 #include <limits>
@@ -55,7 +62,7 @@ AttentionConfig ParseAttentionConfig(const std::string& text) {
 }
 
 // dims and strides (in elements) of a [B, H, S, D] view of a tensor in ``bshd`` or ``bhsd``
-memory::desc Heads(const DLTensor* t, bool bshd, bool transposed) {
+memory::desc Heads(const DLTensor* t, bool bshd, bool transposed, memory::data_type dt) {
   int64_t b = t->shape[0];
   int64_t h = bshd ? t->shape[2] : t->shape[1];
   int64_t s = bshd ? t->shape[1] : t->shape[2];
@@ -63,17 +70,18 @@ memory::desc Heads(const DLTensor* t, bool bshd, bool transposed) {
   memory::dims strides = bshd ? memory::dims{s * h * d, d, h * d, 1}
                               : memory::dims{h * s * d, s * d, d, 1};
   if (transposed) {  // [B, H, D, S]: k^T
-    return memory::desc({b, h, d, s}, memory::data_type::f32,
+    return memory::desc({b, h, d, s}, dt,
                         memory::dims{strides[0], strides[1], strides[3], strides[2]});
   }
-  return memory::desc({b, h, s, d}, memory::data_type::f32, strides);
+  return memory::desc({b, h, s, d}, dt, strides);
 }
 
 struct Plan {
   dnnl::matmul scores;
   dnnl::softmax_forward softmax;
   dnnl::matmul context;
-  memory::desc q, kt, v, out, s, mask, causal_mask, scratch_scores, scratch_softmax,
+  // s: the float32 scores; p: the probabilities in the call's dtype (s itself in float32)
+  memory::desc q, kt, v, out, s, p, mask, causal_mask, scratch_scores, scratch_softmax,
       scratch_context;
   int mask_arg = 0, causal_arg = 0;
   std::vector<float> causal;  // the additive causal mask [Sq, Sk], when asked for
@@ -93,10 +101,16 @@ class Attention : public KernelBase {
     const DLTensor* v = call.inputs[2];
     const DLTensor* mask = cfg->mask ? call.inputs[3] : nullptr;
     const DLTensor* out = call.out;
-    for (int i = 0; i < call.num_inputs; ++i) {
-      if (!IsCpuF32Compact(call.inputs[i])) return Fallback(args, rv);
+    memory::data_type dt, mask_dt = memory::data_type::f32;
+    if (!CallType(q, &dt)) return Fallback(args, rv);
+    for (const DLTensor* t : {k, v, out}) {
+      if (!IsCpuCompactOf(t, dt)) return Fallback(args, rv);
     }
-    if (!IsCpuF32Compact(out) || q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || out->ndim != 4) {
+    if (mask != nullptr) {
+      mask_dt = IsCpuCompactOf(mask, dt) ? dt : memory::data_type::f32;
+      if (!IsCpuCompactOf(mask, mask_dt)) return Fallback(args, rv);
+    }
+    if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || out->ndim != 4) {
       return Fallback(args, rv);
     }
     int64_t dims[4][4];  // [B, H, S, D] of q, k, v, out
@@ -126,6 +140,8 @@ class Attention : public KernelBase {
 
     IntKey key;
     key.Add(reinterpret_cast<int64_t>(cfg));
+    key.Add(static_cast<int64_t>(dt));
+    key.Add(static_cast<int64_t>(mask_dt));
     for (int i = 0; i < 4; ++i) {
       for (int j = 0; j < 4; ++j) key.Add(dims[i][j]);
     }
@@ -133,15 +149,18 @@ class Attention : public KernelBase {
       for (int i = 0; i < mask->ndim; ++i) key.Add(mask->shape[i]);
     }
     std::shared_ptr<Plan> plan =
-        FindOrMake(&plans_, key, [&]() { return MakePlan(*cfg, q, k, v, out, mask, sq, sk); });
+        FindOrMake(&plans_, key, [&]() { return MakePlan(*cfg, q, k, v, out, mask, sq, sk, dt); });
     if (plan == nullptr) return Fallback(args, rv);  // oneDNN has no primitive for it
     std::shared_ptr<void> owner = plan;
-    void* scores = Scratchpad(plan->s.get_size() + plan->scratch_scores.get_size() +
-                              plan->scratch_softmax.get_size() + plan->scratch_context.get_size() +
-                              256);
-    // this thread's scratch: the scores first, then each primitive's own scratchpad after them
-    char* base = static_cast<char*>(scores);
-    size_t offset = (plan->s.get_size() + 63) & ~size_t(63);
+    // this thread's scratch: the scores, the probabilities (in a half call), then each
+    // primitive's own scratchpad after them
+    bool separate = dt != memory::data_type::f32;
+    size_t p_at = (plan->s.get_size() + 63) & ~size_t(63);
+    size_t offset = separate ? p_at + ((plan->p.get_size() + 63) & ~size_t(63)) : p_at;
+    size_t scratch = std::max({plan->scratch_scores.get_size(), plan->scratch_softmax.get_size(),
+                               plan->scratch_context.get_size()});
+    char* base = static_cast<char*>(Scratchpad(offset + scratch + 256));
+    char* probs = separate ? base + p_at : base;
     ExecArgs first;
     first.Add(DNNL_ARG_SRC, ThreadMemory(owner, 0, plan->q, DataOf(q)));
     first.Add(DNNL_ARG_WEIGHTS, ThreadMemory(owner, 1, plan->kt, DataOf(k)));
@@ -155,16 +174,18 @@ class Attention : public KernelBase {
     Execute(plan->scores, first);
     ExecArgs second;
     second.Add(DNNL_ARG_SRC, ThreadMemory(owner, 6, plan->s, base));
-    second.Add(DNNL_ARG_DST, ThreadMemory(owner, 7, plan->s, base));
+    second.Add(DNNL_ARG_DST, ThreadMemory(owner, 7, plan->p, probs));
     AddScratch(&second, owner, 8, plan->scratch_softmax, base + offset);
     Execute(plan->softmax, second);
     ExecArgs third;
-    third.Add(DNNL_ARG_SRC, ThreadMemory(owner, 9, plan->s, base));
+    third.Add(DNNL_ARG_SRC, ThreadMemory(owner, 9, plan->p, probs));
     third.Add(DNNL_ARG_WEIGHTS, ThreadMemory(owner, 10, plan->v, DataOf(v)));
     third.Add(DNNL_ARG_DST, ThreadMemory(owner, 11, plan->out, DataOf(out)));
     AddScratch(&third, owner, 12, plan->scratch_context, base + offset);
     Execute(plan->context, third);
-    if (cfg->zero_masked && mask != nullptr) ZeroMaskedRows(mask, out, dims[3], cfg->out_bshd);
+    if (cfg->zero_masked && mask != nullptr) {
+      ZeroMaskedRows(mask, mask_dt, out, dims[3], cfg->out_bshd);
+    }
     Done(start);
   }
 
@@ -176,13 +197,21 @@ class Attention : public KernelBase {
  private:
   // rows [b, h, i, :] of ``out`` whose mask row (broadcast to [B, H, Sq, Sk]) is all -inf
   // become 0, as SDPA's safe softmax returns (the softmax of such a row is NaN)
-  static void ZeroMaskedRows(const DLTensor* mask, const DLTensor* out, const int64_t* bhsd,
-                             bool out_bshd) {
+  static void ZeroMaskedRows(const DLTensor* mask, memory::data_type mask_dt,
+                             const DLTensor* out, const int64_t* bhsd, bool out_bshd) {
     int64_t md[4] = {1, 1, 1, 1};
     for (int i = 0; i < mask->ndim; ++i) md[4 - mask->ndim + i] = mask->shape[i];
     const int64_t st2 = md[3], st1 = md[2] * st2, st0 = md[1] * st1;
+    // the mask widened to float32 (a half call's), the output zeroed bytewise (0 in any dtype)
+    std::vector<float> wide;
     const float* m = static_cast<const float*>(DataOf(mask));
-    float* o = static_cast<float*>(DataOf(out));
+    if (mask_dt != memory::data_type::f32) {
+      wide.resize(NumelOf(mask));
+      WidenToF32(DataOf(mask), mask_dt, NumelOf(mask), wide.data());
+      m = wide.data();
+    }
+    char* o = reinterpret_cast<char*>(DataOf(out));
+    const int64_t elem = out->dtype.bits / 8;
     const int64_t B = bhsd[0], H = bhsd[1], S = bhsd[2], D = bhsd[3];
     const float ninf = -std::numeric_limits<float>::infinity();
     for (int64_t b = 0; b < B; ++b) {
@@ -194,7 +223,7 @@ class Attention : public KernelBase {
           for (int64_t j = 0; j < md[3] && all; ++j) all = row[j] == ninf;
           if (!all) continue;
           int64_t at = out_bshd ? ((b * S + i) * H + h) * D : ((b * H + h) * S + i) * D;
-          std::fill(o + at, o + at + D, 0.f);
+          std::memset(o + at * elem, 0, D * elem);
         }
       }
     }
@@ -208,23 +237,26 @@ class Attention : public KernelBase {
   static std::shared_ptr<Plan> MakePlan(const AttentionConfig& cfg, const DLTensor* q,
                                         const DLTensor* k, const DLTensor* v,
                                         const DLTensor* out, const DLTensor* mask, int64_t sq,
-                                        int64_t sk) {
+                                        int64_t sk, memory::data_type dt) {
     auto plan = std::make_shared<Plan>();
     auto f32 = memory::data_type::f32;
-    plan->q = Heads(q, cfg.bshd, false);
-    plan->kt = Heads(k, cfg.bshd, true);
-    plan->v = Heads(v, cfg.bshd, false);
-    plan->out = Heads(out, cfg.out_bshd, false);
+    plan->q = Heads(q, cfg.bshd, false, dt);
+    plan->kt = Heads(k, cfg.bshd, true, dt);
+    plan->v = Heads(v, cfg.bshd, false, dt);
+    plan->out = Heads(out, cfg.out_bshd, false, dt);
     memory::dims qdims = plan->q.get_dims();
     int64_t b = qdims[0], h = qdims[1], d = qdims[3];
     plan->s = memory::desc({b, h, sq, sk}, f32, memory::format_tag::abcd);
+    plan->p = memory::desc({b, h, sq, sk}, dt, memory::format_tag::abcd);
     float scale = cfg.has_scale ? cfg.scale : 1.f / std::sqrt(static_cast<float>(d));
     dnnl::post_ops ops;
     ops.append_eltwise(algorithm::eltwise_linear, scale, 0.f);
     if (mask != nullptr) {
       memory::dims mdims(4, 1);
       for (int i = 0; i < mask->ndim; ++i) mdims[4 - mask->ndim + i] = mask->shape[i];
-      plan->mask = memory::desc(mdims, f32, memory::format_tag::abcd);
+      memory::data_type mask_dt;
+      if (!DataTypeOf(mask->dtype, &mask_dt)) return nullptr;
+      plan->mask = memory::desc(mdims, mask_dt, memory::format_tag::abcd);
       plan->mask_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
       ops.append_binary(algorithm::binary_add, plan->mask);
     }
@@ -249,10 +281,10 @@ class Attention : public KernelBase {
     plain.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     auto smpd = dnnl::softmax_forward::primitive_desc(
         Engine(), dnnl::prop_kind::forward_inference, algorithm::softmax_accurate, plan->s,
-        plan->s, 3, plain);
+        plan->p, 3, plain);
     plan->softmax = dnnl::softmax_forward(smpd);
     plan->scratch_softmax = smpd.scratchpad_desc();
-    auto cpd = dnnl::matmul::primitive_desc(Engine(), plan->s, plan->v, plan->out, plain);
+    auto cpd = dnnl::matmul::primitive_desc(Engine(), plan->p, plan->v, plan->out, plain);
     plan->context = dnnl::matmul(cpd);
     plan->scratch_context = cpd.scratchpad_desc();
     return plan;

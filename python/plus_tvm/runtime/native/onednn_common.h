@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -164,9 +165,52 @@ bool ForEachItem(const std::string& text, Visit visit) {
 
 // ------------------------------------------------------------------------------------ tensors
 
-inline bool IsCpuF32Compact(const DLTensor* t) {
+// The oneDNN data type of a DLPack element type (float32, bfloat16, float16); false for any
+// other. Which of them a kernel takes is not decided here: see KernelBase::CallType.
+inline bool DataTypeOf(DLDataType t, memory::data_type* out) {
+  if (t.lanes != 1) return false;
+  if (t.code == kDLFloat && t.bits == 32) {
+    *out = memory::data_type::f32;
+  } else if (t.code == kDLBfloat && t.bits == 16) {
+    *out = memory::data_type::bf16;
+  } else if (t.code == kDLFloat && t.bits == 16) {
+    *out = memory::data_type::f16;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The oneDNN data type of a dtype name as Python writes it ("float32", "bfloat16", "float16").
+inline bool DataTypeNamed(const std::string& name, memory::data_type* out) {
+  if (name == "float32") {
+    *out = memory::data_type::f32;
+  } else if (name == "bfloat16") {
+    *out = memory::data_type::bf16;
+  } else if (name == "float16") {
+    *out = memory::data_type::f16;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+inline const char* DataTypeName(memory::data_type dt) {
+  switch (dt) {
+    case memory::data_type::f32:
+      return "float32";
+    case memory::data_type::bf16:
+      return "bfloat16";
+    case memory::data_type::f16:
+      return "float16";
+    default:
+      return "other";
+  }
+}
+
+// A CPU tensor in its dense row-major layout (any element type).
+inline bool IsCpuCompact(const DLTensor* t) {
   if (t == nullptr || t->device.device_type != kDLCPU) return false;
-  if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) return false;
   if (t->strides != nullptr) {
     int64_t expected = 1;
     for (int i = t->ndim - 1; i >= 0; --i) {
@@ -175,6 +219,50 @@ inline bool IsCpuF32Compact(const DLTensor* t) {
     }
   }
   return true;
+}
+
+// A dense CPU tensor of element type ``dt``.
+inline bool IsCpuCompactOf(const DLTensor* t, memory::data_type dt) {
+  memory::data_type actual;
+  return IsCpuCompact(t) && DataTypeOf(t->dtype, &actual) && actual == dt;
+}
+
+inline bool IsCpuF32Compact(const DLTensor* t) {
+  return IsCpuCompactOf(t, memory::data_type::f32);
+}
+
+// ``n`` bfloat16 / float16 / float32 values widened to float32 into ``out``.
+inline void WidenToF32(const void* data, memory::data_type dt, int64_t n, float* out) {
+  if (dt == memory::data_type::f32) {
+    std::copy_n(static_cast<const float*>(data), n, out);
+    return;
+  }
+  const uint16_t* bits = static_cast<const uint16_t*>(data);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t word;
+    if (dt == memory::data_type::bf16) {
+      word = uint32_t(bits[i]) << 16;
+    } else {  // IEEE half: sign, 5-bit exponent, 10-bit mantissa
+      uint32_t sign = uint32_t(bits[i] & 0x8000) << 16;
+      uint32_t exp = (bits[i] >> 10) & 0x1f;
+      uint32_t man = bits[i] & 0x3ff;
+      if (exp == 0x1f) {
+        word = sign | 0x7f800000u | (man << 13);  // inf / NaN
+      } else if (exp != 0) {
+        word = sign | ((exp + 112) << 23) | (man << 13);
+      } else if (man == 0) {
+        word = sign;
+      } else {  // subnormal: normalize
+        int shift = 0;
+        while (!(man & 0x400)) {
+          man <<= 1;
+          ++shift;
+        }
+        word = sign | (uint32_t(113 - shift) << 23) | ((man & 0x3ff) << 13);
+      }
+    }
+    std::memcpy(&out[i], &word, sizeof(float));
+  }
 }
 
 inline float* DataOf(const DLTensor* t) {
@@ -441,7 +529,18 @@ class KernelBase {
  public:
   // The fallback is a Python function: it is never released (at process exit, C++ destructors
   // run after Python has shut down, and releasing it then would crash).
-  explicit KernelBase(ffi::Function fallback) : fallback_(new ffi::Function(std::move(fallback))) {}
+  // ``dtypes``: the element types this kernel runs natively, comma-separated as Python names
+  // them (the Python kernel's ``native_dtypes()``: the one list of them); calls in any other
+  // go to the fallback.
+  KernelBase(ffi::Function fallback, const std::string& dtypes)
+      : fallback_(new ffi::Function(std::move(fallback))) {
+    std::stringstream ss(dtypes);
+    std::string name;
+    while (std::getline(ss, name, ',')) {
+      memory::data_type dt;
+      if (DataTypeNamed(name, &dt)) dtypes_.push_back(dt);
+    }
+  }
   virtual ~KernelBase() = default;
 
   void Forget(uintptr_t ptr) {
@@ -466,7 +565,11 @@ class KernelBase {
   std::string Stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     std::ostringstream os;
-    os << "{" << counters_.Json() << ", \"primitives\": " << NumPlans()
+    os << "{" << counters_.Json() << ", \"dtypes\": [";
+    for (size_t i = 0; i < dtypes_.size(); ++i) {
+      os << (i ? ", " : "") << '"' << DataTypeName(dtypes_[i]) << '"';
+    }
+    os << "], \"primitives\": " << NumPlans()
        << ", \"packed\": " << packed_.size() << ", \"packed_bytes\": " << packed_.bytes() << "}";
     return os.str();
   }
@@ -511,6 +614,13 @@ class KernelBase {
     return cfg;
   }
 
+  // The element type of a call whose tensor ``t`` is dense on the CPU in a type this kernel
+  // takes natively (false: hand the call to Python).
+  bool CallType(const DLTensor* t, memory::data_type* dt) const {
+    return IsCpuCompact(t) && DataTypeOf(t->dtype, dt) &&
+           std::find(dtypes_.begin(), dtypes_.end(), *dt) != dtypes_.end();
+  }
+
   void Done(int64_t start) {
     counters_.calls += 1;
     counters_.call_ns += NowNs() - start;
@@ -541,6 +651,7 @@ class KernelBase {
   virtual size_t NumPlans() = 0;  // primitives made
 
   ffi::Function* fallback_;
+  std::vector<memory::data_type> dtypes_;  // set at creation, read-only after
   std::mutex mutex_;
   PackCache packed_;
   Counters counters_;
@@ -555,8 +666,8 @@ std::shared_ptr<Kernel>& InstanceOf() {
 }
 
 template <typename Kernel>
-ffi::Function CreateKernel(ffi::Function fallback) {
-  auto kernel = std::make_shared<Kernel>(std::move(fallback));
+ffi::Function CreateKernel(ffi::Function fallback, const std::string& dtypes) {
+  auto kernel = std::make_shared<Kernel>(std::move(fallback), dtypes);
   InstanceOf<Kernel>() = kernel;
   return ffi::Function::FromPacked(
       [kernel](ffi::PackedArgs args, ffi::Any* rv) { (*kernel)(args, rv); });
@@ -567,8 +678,8 @@ ffi::Function CreateKernel(ffi::Function fallback) {
 #define PLUS_NATIVE_EXPORT_KERNEL(Prefix, Kernel)                                        \
   namespace plus_native {                                                                \
   namespace {                                                                            \
-  ffi::Function Prefix##_create_impl(ffi::Function fallback) {                           \
-    return CreateKernel<Kernel>(std::move(fallback));                                    \
+  ffi::Function Prefix##_create_impl(ffi::Function fallback, ffi::String dtypes) {       \
+    return CreateKernel<Kernel>(std::move(fallback), std::string(dtypes));               \
   }                                                                                      \
   void Prefix##_forget_impl(int64_t ptr) {                                               \
     if (InstanceOf<Kernel>()) InstanceOf<Kernel>()->Forget(static_cast<uintptr_t>(ptr)); \

@@ -1,12 +1,20 @@
 // plus.linear and plus.linear_layernorm on oneDNN's matmul, called by TVM's VM without Python.
 //
 // The fast paths of the two GEMM kernels (../linear.py and ../linear_layernorm.py hold the
-// contracts and the reference implementations): fp32 CPU tensors, one weight (``parts=1``) in
-// either layout (``w=nk`` as nn.Linear holds it, or ``w=kn``), reordered once into oneDNN's
-// blocked layout; the bias, the activation and the residual add as post-ops; the result written
-// straight into the VM's output. plus.linear_layernorm then normalizes the sum with oneDNN's
-// layer normalization (into ``out``; the sum itself stays in the second output when the call
-// asks for it). Every other call goes to the Python kernel the native one was created with.
+// contracts and the reference implementations): CPU tensors all of one element type among
+// those the Python kernel names as native (``native_dtypes()``: float32, and bfloat16 where the
+// CPU computes it natively), one weight (``parts=1``) in either layout (``w=nk`` as nn.Linear
+// holds it, or ``w=kn``), reordered once into oneDNN's blocked layout; the bias, the activation
+// and the residual add as post-ops; the result written straight into the VM's output.
+// plus.linear_layernorm then normalizes the sum with oneDNN's layer normalization (into
+// ``out``; the sum itself stays in the second output when the call asks for it). Every other
+// call goes to the Python kernel the native one was created with.
+//
+// In bfloat16 / float16 the matmul accumulates in float32, adds the bias and runs the post-ops
+// in float32 and rounds once into the output (what torch's half ``addmm`` and the Python
+// kernel's oneDNN call do); the layer normalization reads the rounded sum and computes in
+// float32 (gamma and beta widened per call: oneDNN 3.2 takes them in float32 only), rounding
+// once, as torch's half ``layer_norm``.
 //
 // Primitives are made per (config, M, K, N): M, the rows, changes with a symbolic batch or
 // sequence length. The weight is packed once per (weight, layout) for the first M seen, and
@@ -99,10 +107,12 @@ class LinearKernel : public KernelBase {
     const DLTensor* y = call.out;
     const DLTensor* sum = call.extra_out;
     if ((sum != nullptr) != (kNorm && cfg->sum_out)) return Fallback(args, rv);
-    for (int i = 0; i < call.num_inputs; ++i) {
-      if (!IsCpuF32Compact(t[i])) return Fallback(args, rv);
+    memory::data_type dt;
+    if (!CallType(x, &dt)) return Fallback(args, rv);
+    for (int i = 1; i < call.num_inputs; ++i) {
+      if (!IsCpuCompactOf(t[i], dt)) return Fallback(args, rv);
     }
-    if (!IsCpuF32Compact(y) || (sum != nullptr && !IsCpuF32Compact(sum))) {
+    if (!IsCpuCompactOf(y, dt) || (sum != nullptr && !IsCpuCompactOf(sum, dt))) {
       return Fallback(args, rv);
     }
     if (w->ndim != 2 || x->ndim < 1 || y->ndim != x->ndim) return Fallback(args, rv);
@@ -123,10 +133,11 @@ class LinearKernel : public KernelBase {
     key.Add(kdim);
     key.Add(n);
     key.Add(reinterpret_cast<int64_t>(DataOf(w)));
+    key.Add(static_cast<int64_t>(dt));
     Bound bound = FindOrMake(&bound_, key, [&]() {
       Bound made;
-      made.plan = GetPlan(*cfg, m, kdim, n);
-      made.packed = GetPacked(args, made.plan, *cfg, w, kdim, n);
+      made.plan = GetPlan(*cfg, m, kdim, n, dt);
+      made.packed = GetPacked(args, made.plan, *cfg, w, kdim, n, dt);
       return made;
     });
     if (!bound) return Fallback(args, rv);  // oneDNN has no primitive for it
@@ -149,11 +160,19 @@ class LinearKernel : public KernelBase {
       ExecArgs norm;
       norm.Add(DNNL_ARG_SRC, ThreadMemory(owner, 4, plan.dst, gemm_out));
       norm.Add(DNNL_ARG_DST, ThreadMemory(owner, 5, plan.dst, DataOf(y)));
+      // oneDNN's scale and shift are float32: a half call's gamma / beta widened here
+      thread_local std::vector<float> widened;
+      if (dt != memory::data_type::f32) widened.resize(2 * n);
+      auto f32_of = [&](const DLTensor* v, int64_t at) -> void* {
+        if (dt == memory::data_type::f32) return DataOf(v);
+        WidenToF32(DataOf(v), dt, n, widened.data() + at);
+        return widened.data() + at;
+      };
       if (gamma != nullptr) {
-        norm.Add(DNNL_ARG_SCALE, ThreadMemory(owner, 6, plan.norm_scale, DataOf(gamma)));
+        norm.Add(DNNL_ARG_SCALE, ThreadMemory(owner, 6, plan.norm_scale, f32_of(gamma, 0)));
       }
       if (beta != nullptr) {
-        norm.Add(DNNL_ARG_SHIFT, ThreadMemory(owner, 7, plan.norm_scale, DataOf(beta)));
+        norm.Add(DNNL_ARG_SHIFT, ThreadMemory(owner, 7, plan.norm_scale, f32_of(beta, n)));
       }
       if (plan.norm_scratchpad.get_size() > 0) {
         norm.Add(DNNL_ARG_SCRATCHPAD, ThreadMemory(owner, 8, plan.norm_scratchpad,
@@ -170,21 +189,24 @@ class LinearKernel : public KernelBase {
   size_t NumPlans() override { return plans_.size(); }
 
  private:
-  std::shared_ptr<Plan> GetPlan(const LinearConfig& cfg, int64_t m, int64_t kdim, int64_t n) {
+  // ``dt``: the element type of every tensor of the call (the matmul accumulates in float32)
+  std::shared_ptr<Plan> GetPlan(const LinearConfig& cfg, int64_t m, int64_t kdim, int64_t n,
+                                memory::data_type dt) {
     IntKey key;
     key.Add(reinterpret_cast<int64_t>(&cfg));
     key.Add(m);
     key.Add(kdim);
     key.Add(n);
+    key.Add(static_cast<int64_t>(dt));
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     using tag = memory::format_tag;
     auto f32 = memory::data_type::f32;
     auto plan = std::make_shared<Plan>();
-    plan->src = memory::desc({m, kdim}, f32, tag::ab);
-    plan->dst = memory::desc({m, n}, f32, tag::ab);
-    plan->bias = memory::desc({1, n}, f32, tag::ab);
-    plan->user_weights = memory::desc({kdim, n}, f32, cfg.kn ? tag::ab : tag::ba);
+    plan->src = memory::desc({m, kdim}, dt, tag::ab);
+    plan->dst = memory::desc({m, n}, dt, tag::ab);
+    plan->bias = memory::desc({1, n}, dt, tag::ab);
+    plan->user_weights = memory::desc({kdim, n}, dt, cfg.kn ? tag::ab : tag::ba);
     dnnl::post_ops ops;
     AppendActivation(&ops, cfg.act, cfg.nan, &plan->prelu);
     if (cfg.residual) {
@@ -195,7 +217,7 @@ class LinearKernel : public KernelBase {
     attr.set_post_ops(ops);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     // the packed layout the weight already has, when an earlier M chose one
-    auto shared = weight_layouts_.find(WeightKey(cfg, kdim, n));
+    auto shared = weight_layouts_.find(WeightKey(cfg, kdim, n, dt));
     dnnl::matmul::primitive_desc pd;
     bool made = false;
     if (shared != weight_layouts_.end()) {
@@ -206,11 +228,11 @@ class LinearKernel : public KernelBase {
         made = false;  // oneDNN wants another layout at this M: pack for it
       }
     }
-    if (!made) pd = MakeMatmul(cfg, plan.get(), memory::desc({kdim, n}, f32, tag::any), attr);
+    if (!made) pd = MakeMatmul(cfg, plan.get(), memory::desc({kdim, n}, dt, tag::any), attr);
     plan->weights = pd.weights_desc();
     plan->scratchpad = pd.scratchpad_desc();
     plan->primitive = dnnl::matmul(pd);
-    weight_layouts_.emplace(WeightKey(cfg, kdim, n), plan->weights);
+    weight_layouts_.emplace(WeightKey(cfg, kdim, n, dt), plan->weights);
     if (cfg.norm) {
       auto flags = dnnl::normalization_flags::none;
       if (cfg.gamma) flags |= dnnl::normalization_flags::use_scale;
@@ -238,8 +260,10 @@ class LinearKernel : public KernelBase {
     return dnnl::matmul::primitive_desc(Engine(), plan->src, weights, plan->dst, attr);
   }
 
-  static IntKey WeightKey(const LinearConfig& cfg, int64_t kdim, int64_t n) {
+  static IntKey WeightKey(const LinearConfig& cfg, int64_t kdim, int64_t n,
+                          memory::data_type dt) {
     IntKey key;
+    key.Add(static_cast<int64_t>(dt));
     key.Add(cfg.kn);
     key.Add(kdim);
     key.Add(n);
@@ -248,11 +272,11 @@ class LinearKernel : public KernelBase {
 
   std::shared_ptr<Packed> GetPacked(ffi::PackedArgs args, const std::shared_ptr<Plan>& plan,
                                     const LinearConfig& cfg, const DLTensor* w, int64_t kdim,
-                                    int64_t n) {
+                                    int64_t n, memory::data_type dt) {
     uintptr_t ptr = reinterpret_cast<uintptr_t>(DataOf(w));
     // keyed by the packed layout's bytes (plans at other M share it when the layout is equal)
     std::ostringstream key;
-    key << ptr << '|' << cfg.kn << '|' << kdim << 'x' << n << '|'
+    key << ptr << '|' << static_cast<int>(dt) << '|' << cfg.kn << '|' << kdim << 'x' << n << '|'
         << static_cast<int>(plan->weights.get_format_kind()) << '|'
         << plan->weights.get_size() << '|' << WeightsSignature(plan->weights);
     auto hit = packed_.Find(key.str());
