@@ -5,6 +5,9 @@ in-place weight updates, and is saved and loaded as three files bound by digests
   static and symbolic dims, and for *index inputs* (token ids and other tensors that index a
   table, :mod:`plus_tvm.index_inputs`) the range of valid values. TVM's gather kernels have no
   bounds checks, so an out-of-range id would read or write outside the table.
+- **Calls** bind inputs by position and by name (:mod:`plus_tvm.input_binding`) and return the
+  outputs in the model's own structure, with names (:mod:`plus_tvm.output_structure`);
+  :meth:`CompiledModel.run` is ONNX Runtime's ``run(output_names, input_feed)``.
 - **Threads**: each calling thread gets its own ``VirtualMachine`` (a VM holds per-call state and
   is not reentrant); the weights on the device are shared, read-only.
 - **Weights** of a model compiled from a torch module follow the module: a parameter changed in
@@ -12,8 +15,10 @@ in-place weight updates, and is saved and loaded as three files bound by digests
   buffer baked into the code as a constant (BatchNorm statistics) cannot follow: changing one
   is refused with an error that says so.
 - **Files**: ``path`` (the library), ``path.params`` (weights) and ``path.json`` (signature,
-  target, stats and the sha256 of the other two). :func:`load` refuses a library or weights file
-  whose digest differs (swapped, truncated, foreign) with a :class:`ModelLoadError`.
+  target, input / output names and structure, stats and the sha256 of the other two; a json
+  without the names, written before they were kept, still loads). :func:`load` refuses a
+  library or weights file whose digest differs (swapped, truncated, foreign) with a
+  :class:`ModelLoadError`.
 """
 
 from __future__ import annotations
@@ -147,7 +152,7 @@ class _Followed:
 
 
 class CompiledModel:
-    """A compiled model: call it with numpy arrays or torch tensors, get numpy arrays back.
+    """A compiled model: numpy arrays in, numpy arrays out; torch tensors in, torch tensors out.
 
     Weights are moved to the device once, on first use. Inputs are checked against the
     signature before running (module docstring). Safe to call from several threads.
@@ -203,11 +208,10 @@ class CompiledModel:
         them. The outputs come in the structure the model returns them (a torch model's
         ``ModelOutput``, dict or nested tuple; one output alone, else a tuple)."""
         leaves = self._run_flat(args, kwargs)
-        if self.io.structure is None or output_structure.leaf_count(self.io.structure) != len(
-            leaves
-        ):
-            return leaves[0] if len(leaves) == 1 else tuple(leaves)
-        return output_structure.rebuild(self.io.structure, leaves)
+        structure = self.io.structure
+        if structure is None or output_structure.leaf_count(structure) != len(leaves):
+            return leaves[0] if len(leaves) == 1 else tuple(leaves)  # (a model exported before)
+        return output_structure.rebuild(structure, leaves)
 
     @property
     def input_names(self) -> list[str]:
