@@ -404,7 +404,13 @@ def _load(model: object, example_args: object, options: Options, export: dict) -
     ``dynamic_shapes``), in the precision the options ask for."""
     from .reduced_precision import in_precision
 
-    loaded = load_model(model, example_args, train_mode=options.train_mode, **export)
+    loaded = load_model(
+        model,
+        example_args,
+        train_mode=options.train_mode,
+        host_fallback=options.host_fallback,
+        **export,
+    )
     converted = in_precision(loaded, options.precision)
     if converted is loaded:
         return loaded

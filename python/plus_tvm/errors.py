@@ -61,6 +61,8 @@ class HostNodeError(PlusError, RuntimeError):
 INDEX_MARKER = "index out of range: "
 HOST_NODE_MARKER = "(run on the host by ONNX's reference implementation) failed"
 _SERVICE_ERRORS = ((INDEX_MARKER, IndexOutOfRangeError), (HOST_NODE_MARKER, HostNodeError))
+TORCH_HOST_MARKER = "(run on the host by torch eager) failed"  # runtime.torch_host
+_SERVICE_ERRORS += ((TORCH_HOST_MARKER, HostNodeError),)
 TORCH_NEEDED_MARKER = "needs torch, which cannot be imported in this process"  # runtime._torch
 _SERVICE_ERRORS += ((TORCH_NEEDED_MARKER, PlusError),)
 

@@ -12,6 +12,7 @@ operator and the graph node, or :class:`~plus_tvm.errors.ModelLoadError` for unr
 from __future__ import annotations
 
 import functools
+import json
 import os
 import typing
 import warnings
@@ -29,6 +30,7 @@ from .errors import (
     UnsupportedOperatorError,
     is_refusal,
 )
+from .stats import HOST_NODES_ATTR
 
 if typing.TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -45,6 +47,7 @@ def from_torch(
     *,
     example_kwargs: Mapping[str, torch.Tensor] | None = None,
     train_mode: str = "refuse",
+    host_fallback: bool = True,
 ) -> tuple[tvm.IRModule, Params]:
     """Import a torch model through ``torch.export``.
 
@@ -64,6 +67,9 @@ def from_torch(
         A module in training mode whose graph differs in training (dropout, batch norm) is
         refused, or (``"eval"``) an eval-mode copy of it is exported
         (:mod:`plus_tvm.torch_model_prep`).
+    host_fallback : bool
+        Run a node whose op has no converter on the host through torch eager
+        (:func:`import_exported`); off: such an op is an error.
 
     Returns
     -------
@@ -73,7 +79,7 @@ def from_torch(
     program = export_torch(
         module, example_args, dynamic_shapes, example_kwargs=example_kwargs, train_mode=train_mode
     )
-    return import_exported(program)
+    return import_exported(program, host_fallback)
 
 
 def export_torch(
@@ -153,8 +159,16 @@ def example_inputs(
     return args, kwargs
 
 
-def import_exported(program: torch.export.ExportedProgram) -> tuple[tvm.IRModule, Params]:
-    """Import a decomposed exported program to Relax (weights kept as inputs)."""
+def import_exported(
+    program: torch.export.ExportedProgram, host_fallback: bool = True
+) -> tuple[tvm.IRModule, Params]:
+    """Import a decomposed exported program to Relax (weights kept as inputs).
+
+    A node whose ATen op has no converter runs on the host through torch eager
+    (:mod:`plus_tvm.torch_host_fallback`; a warning per op, listed in the module's
+    ``plus.host_nodes`` attribute, ``stats["host_nodes"]``) unless ``host_fallback`` is off or
+    the op cannot go there (random, in place, no tensor output): then
+    :class:`~plus_tvm.errors.UnsupportedOperatorError` names the op and the node."""
     from .torch_fixes import custom_convert_map  # importer bug workarounds
     from .torch_half import compute_as_torch, is_half_program
 
@@ -162,7 +176,13 @@ def import_exported(program: torch.export.ExportedProgram) -> tuple[tvm.IRModule
         compute_as_torch(program)
     custom = custom_convert_map()
     importer = _NamingImporter()
-    _check_torch_ops(program, set(importer.convert_map) | set(custom))
+    missing = _check_torch_ops(program, set(importer.convert_map) | set(custom), host_fallback)
+    hosts = _host_nodes(missing)
+    if hosts:
+        from .torch_host_fallback import converter
+
+        convert = converter(hosts)
+        custom = {**custom, **{node.target.__name__: convert for node in missing}}
     mod = importer.from_exported_program(
         program,
         keep_params_as_input=True,
@@ -170,6 +190,8 @@ def import_exported(program: torch.export.ExportedProgram) -> tuple[tvm.IRModule
         no_bind_return_tuple=False,
         custom_convert_map=custom,
     )
+    if hosts:
+        mod = mod.with_attr(HOST_NODES_ATTR, json.dumps(_warn_host_nodes(missing, hosts)))
     return _detach(mod)
 
 
@@ -209,16 +231,61 @@ def node_location(node: object) -> str:
     return f" ({own[-1]})" if own else ""
 
 
-def _check_torch_ops(program: torch.export.ExportedProgram, known: set[str]) -> None:
+def _check_torch_ops(
+    program: torch.export.ExportedProgram, known: set[str], host_fallback: bool = False
+) -> list:
+    """The ``call_function`` nodes whose op has no converter (with ``host_fallback`` off, the
+    first of them is an error)."""
+    missing = []
     for node in program.graph.nodes:
         if node.op != "call_function":
             continue
         name = getattr(node.target, "__name__", str(node.target))
         if name not in known:
-            raise UnsupportedOperatorError(
-                f"unsupported torch operator {name} at node '{node.name}'{node_location(node)}: "
-                "TVM 0.27's torch importer has no converter for it"
-            )
+            if not host_fallback:
+                raise UnsupportedOperatorError(
+                    f"unsupported torch operator {name} at node '{node.name}'"
+                    f"{node_location(node)}: TVM 0.27's torch importer has no converter for it"
+                )
+            missing.append(node)
+    return missing
+
+
+def _host_nodes(missing: list) -> dict:
+    """The host plan of the nodes without a converter (torch_host_fallback.plan), or an
+    :class:`~plus_tvm.errors.UnsupportedOperatorError` for one that cannot run there."""
+    if not missing:
+        return {}
+    from .torch_host_fallback import NotForHostError, plan
+
+    try:
+        return plan(missing, node_location)
+    except NotForHostError as err:
+        node, why = err.args
+        name = getattr(node.target, "__name__", str(node.target))
+        raise UnsupportedOperatorError(
+            f"unsupported torch operator {name} at node '{node.name}'{node_location(node)}: "
+            f"TVM 0.27's torch importer has no converter for it, and it cannot run on the host "
+            f"through torch eager: {why}"
+        ) from None
+
+
+def _warn_host_nodes(missing: list, hosts: dict) -> list[str]:
+    """Warn once per op that runs on the host; the ``stats["host_nodes"]`` lines."""
+    lines, by_op = [], {}
+    for node in missing:
+        host = hosts[node.name]
+        where = f"node '{node.name}'{node_location(node)}"
+        lines.append(f"{where} of torch operator {host.op_name}: no converter (torch eager)")
+        by_op.setdefault(host.op_name, []).append(where)
+    for op, wheres in by_op.items():
+        warnings.warn(
+            f"torch operator {op} has no converter: it runs on the host through torch eager "
+            f"(a graph break; Options(host_fallback=False) refuses it) at {'; '.join(wheres)}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return lines
 
 
 def _naming_errors(op_name: str, fn: Callable) -> Callable:

@@ -63,6 +63,7 @@ def load_model(
     example_kwargs: dict | None = None,
     dynamic_shapes: object = None,
     train_mode: str = "refuse",
+    host_fallback: bool = True,
 ) -> LoadedModel:
     """Import ``model`` (any reference listed in the module docstring) to Relax.
 
@@ -77,6 +78,7 @@ def load_model(
         "example_kwargs": example_kwargs,
         "dynamic_shapes": dynamic_shapes,
         "train_mode": train_mode,
+        "host_fallback": host_fallback,
     }
 
     if isinstance(model, LoadedModel):
@@ -134,6 +136,7 @@ def _load_torch(
     example_kwargs: dict | None = None,
     dynamic_shapes: object = None,
     train_mode: str = "refuse",
+    host_fallback: bool = True,
 ) -> LoadedModel:
     import torch
 
@@ -147,7 +150,7 @@ def _load_torch(
     program = export_torch(
         module, args, dynamic_shapes, example_kwargs=kwargs, train_mode=train_mode
     )
-    mod, params = import_exported(program)
+    mod, params = import_exported(program, host_fallback)
     weights = [p.name for p in mod["main"].params[num_inputs(mod) :]]
     kept, baked = torch_weight_tensors(program, weights)
     torch_module = module if isinstance(module, torch.nn.Module) else module.module()

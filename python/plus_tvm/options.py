@@ -168,6 +168,10 @@ class Options:
         (dropout, batch norm with batch statistics): ``"refuse"`` (default) raises an error
         naming the module and saying to call ``model.eval()``; ``"eval"`` compiles an
         eval-mode copy (the user's module keeps its mode; the weights stay shared).
+    host_fallback : bool
+        A torch node whose ATen op has no converter runs on the host through torch eager (a
+        graph break, warned once per op, listed in ``stats["host_nodes"]``;
+        :mod:`plus_tvm.torch_host_fallback`); off: such an op fails the compile.
     dump_ir : str or None
         Folder to which the IR after each pipeline phase is written (debugging aid).
     verbose : bool
@@ -209,6 +213,7 @@ class Options:
     propagate_nan: bool = True
     precision: str = "fp32"
     train_mode: str = "refuse"
+    host_fallback: bool = True
     dump_ir: str | None = None
     verbose: bool = False
 
@@ -257,6 +262,7 @@ class Options:
             "fusion_explain",
             "conv_winograd",
             "propagate_nan",
+            "host_fallback",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(

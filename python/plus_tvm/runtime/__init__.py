@@ -26,12 +26,12 @@ import pkgutil
 import tvm_ffi
 
 from ..threads import physical_cores
-from . import cuda_graph, index_check, native, onnx_host
+from . import cuda_graph, index_check, native, onnx_host, torch_host
 from ._common import ConfigSpec, LibraryKernel, PrepackCache, to_torch
 from .perf import call_overhead_us, library_gflops, library_time_us
 
 # the runtime's own services
-_NOT_KERNELS = frozenset({"cuda_graph", "index_check", "native", "onnx_host", "perf"})
+_NOT_KERNELS = frozenset({"cuda_graph", "index_check", "native", "onnx_host", "perf", "torch_host"})
 
 
 def _discover() -> dict[str, LibraryKernel]:
@@ -66,6 +66,7 @@ def register() -> None:
     cuda_graph.register()
     index_check.register()
     onnx_host.register()
+    torch_host.register()
 
 
 def use_native() -> bool:
