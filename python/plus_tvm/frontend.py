@@ -125,8 +125,9 @@ def export_torch(
                     module, args or (), kwargs or None, dynamic_shapes=dynamic_shapes
                 )
         except Exception as err:  # noqa: BLE001 - the user's forward runs here: any error
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ModelLoadError(f"torch.export failed for {name}: {first}") from err
+            from .torch_export_errors import export_failure_message  # (a branch on a value)
+
+            raise ModelLoadError(export_failure_message(name, err)) from err
         found = prep.training_ops(program) if training else []
         if found:
             raise ModelLoadError(prep.training_message(name, found))

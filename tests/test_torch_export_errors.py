@@ -1,0 +1,54 @@
+"""A module whose forward branches on a tensor's value (Longformer's ``if is_global_attn:``)
+cannot be exported as one graph: the error names the source line of the branch and what to
+do (python/plus_tvm/torch_export_errors.py), not sympy symbols above a graph dump."""
+
+from __future__ import annotations
+
+import plus_tvm
+import pytest
+import torch
+
+
+class BranchOnValue(torch.nn.Module):
+    def forward(self, x):
+        if x.sum().item() > 0:  # the branch torch.export cannot follow
+            return x * 2
+        return x - 1
+
+
+def test_a_branch_on_a_tensor_value_names_its_line():
+    with pytest.raises(plus_tvm.errors.ModelLoadError) as info:
+        plus_tvm.compile(BranchOnValue(), example_args=(torch.ones(3),), target="llvm")
+    message = str(info.value)
+    assert "branches on the value of a tensor" in message
+    assert "test_torch_export_errors.py:" in message  # the user's line
+    assert "torch.where / torch.cond" in message
+    assert "graph():" not in message  # no graph dump
+
+
+def test_other_export_failures_keep_their_first_line():
+    class Bad(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("boom in forward")
+
+    with pytest.raises(plus_tvm.errors.ModelLoadError, match="torch.export failed for Bad: boom"):
+        plus_tvm.compile(Bad(), example_args=(torch.ones(3),), target="llvm")
+
+
+def test_longformer_names_its_global_attention_branch():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LongformerConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        attention_window=4,
+    )
+    torch.manual_seed(0)
+    model = transformers.LongformerModel(config).eval()
+    with pytest.raises(plus_tvm.errors.ModelLoadError) as info:
+        plus_tvm.compile(model, example_args=(torch.randint(3, 100, (1, 12)),), target="llvm")
+    assert "modeling_longformer.py" in str(info.value)
+    assert "branches on the value of a tensor" in str(info.value)
