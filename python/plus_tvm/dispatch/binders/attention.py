@@ -10,6 +10,7 @@ becomes ``zero_masked``.
 
 from __future__ import annotations
 
+import tvm
 from tvm import relax
 
 from ...runtime.attention import ATTENTION_SPEC
@@ -35,14 +36,27 @@ def _view_chain(ctx: Ctx, expr: relax.Expr) -> list[relax.Expr]:
         if found is None or ctx.op(found[0]) not in _VIEWS:
             return chain
         src = found[1].args[0]
-        if _numel(src) != _numel(ctx.var(found[0])):
-            return chain  # a real broadcast
+        if not _same_count(src, ctx.var(found[0])):
+            return chain  # a real broadcast (or one not provably a view: symbolic dims)
         expr = src
         chain.append(expr)
 
 
 def _strip_views(ctx: Ctx, expr: relax.Expr) -> relax.Expr:
     return _view_chain(ctx, expr)[-1]
+
+
+def _same_count(a: relax.Expr, b: relax.Expr) -> bool:
+    """Whether ``a`` and ``b`` provably have as many elements (symbolic dims compared as
+    expressions: a GQA broadcast ``[b, 2, 1, s, d] -> [b, 2, 2, s, d]`` is no view)."""
+    counts = []
+    for ty in (a.ty, b.ty):
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            return False
+        counts.append(tvm.tirx.const(1, "int64"))
+        for d in ty.shape.values:
+            counts[-1] = counts[-1] * d
+    return tvm.sym.Analyzer().can_prove_equal(*counts)
 
 
 def _numel(expr: relax.Expr) -> int | None:

@@ -1,0 +1,89 @@
+"""``plus_tvm.compile_lm``: a causal LM compiled for generation with a KV cache."""
+
+from __future__ import annotations
+
+from ..errors import ModelLoadError, OptionsError
+from ..options import Options
+from .checks import Limits
+from .compiled_lm import CompiledLM
+from .export import export_steps
+
+
+def compile_lm(
+    model: object,
+    target: object = "llvm",
+    options: Options | None = None,
+    max_batch: int = 8,
+    max_length: int = 2048,
+) -> CompiledLM:
+    """Compile a transformers causal LM (or a module with the same ``forward(input_ids,
+    attention_mask, past_key_values, ...) -> logits`` contract) for text generation.
+
+    The prefill step and the decode step are exported once each with symbolic batch (up to
+    ``max_batch``) and lengths (up to ``max_length``, at most the model's position table:
+    ``config.n_positions`` or ``config.max_position_embeddings`` where it has one) and
+    compiled by :func:`plus_tvm.compile` (the plus pipeline: the linears, norms and attention
+    are dispatched as in a forward pass). The module is not changed.
+
+    Returns
+    -------
+    CompiledLM
+        ``generate(input_ids, max_new_tokens, ...)``, and the two steps ``prefill`` and
+        ``decode`` for a loop of one's own.
+    """
+    import torch
+
+    from ..compiler import compile as plus_compile
+
+    if not isinstance(model, torch.nn.Module):
+        raise ModelLoadError(
+            f"compile_lm expects a torch causal LM module, got {type(model).__name__}"
+        )
+    for name, value, low in (("max_batch", max_batch, 1), ("max_length", max_length, 3)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise OptionsError(f"compile_lm: {name} must be an int >= {low}, got {value!r}")
+    options = options or Options()
+    if any(m.training for m in model.modules()):
+        if options.train_mode != "eval":
+            raise ModelLoadError(
+                f"compile_lm: {type(model).__name__} is in training mode: call model.eval() "
+                "(or Options(train_mode='eval') to compile an eval-mode copy)"
+            )
+        from ..torch_model_prep import eval_copy
+
+        model = eval_copy(model)
+    config = getattr(model, "config", None)
+    max_length = min(max_length, _position_limit(config) or max_length)
+    vocab = _vocab_size(model, config)
+    programs = export_steps(model, vocab, max_batch, max_length)
+    prefill = plus_compile(programs.prefill, target, options=options)
+    decode = plus_compile(programs.decode, target, options=options)
+    generation = getattr(model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None)
+    pad = getattr(generation, "pad_token_id", None)
+    limits = Limits(max_batch, max_length, vocab)
+    return CompiledLM(prefill, decode, programs.layout, limits, eos, pad, type(model).__name__)
+
+
+def _position_limit(config: object) -> int | None:
+    """The model's position table: the longest sequence it was built for, if it says."""
+    for field in ("n_positions", "max_position_embeddings"):
+        value = getattr(config, field, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _vocab_size(model: object, config: object) -> int:
+    embeddings = getattr(model, "get_input_embeddings", None)
+    table = embeddings() if callable(embeddings) else None
+    rows = getattr(table, "num_embeddings", None)
+    if isinstance(rows, int):
+        return rows
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int):
+        return vocab
+    raise ModelLoadError(
+        f"compile_lm: cannot tell the vocabulary size of {type(model).__name__} "
+        "(no input embedding table, no config.vocab_size)"
+    )

@@ -1,0 +1,124 @@
+"""``torch.export`` of a causal LM's prefill and decode steps with symbolic batch and lengths.
+
+Prefill takes ``input_ids``, ``attention_mask`` and ``position_ids`` of ``[batch, length]``;
+decode takes them for one new token (``attention_mask`` covers the past and the new token) and
+the past keys and values (``[past, batch, kv_heads, head_dim]`` each). ``batch`` is a symbolic
+dim up to ``max_batch``, ``length`` and ``past`` up to ``max_length``: one compile of each
+serves every size within them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ModelLoadError
+from .step_module import LMStep
+
+_EXAMPLE_BATCH = 2  # (torch.export specializes a dim whose example size is 0 or 1)
+_EXAMPLE_LENGTH = 3
+MIN_DECODE_PAST = 2  # the decode step's shortest past (a shorter one is run by prefill)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The KV cache of one model: per cache tensor (key, value per layer) its heads and head
+    size, and the dtype."""
+
+    shapes: tuple[tuple[int, int], ...]  # (kv_heads, head_dim) per tensor, key then value
+    dtype: torch.dtype
+
+    def bytes_per_token(self) -> int:
+        """Cache bytes one position of one sequence takes (every layer, keys and values)."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        return sum(h * d for h, d in self.shapes) * item
+
+
+@dataclass(frozen=True)
+class StepPrograms:
+    prefill: torch.export.ExportedProgram
+    decode: torch.export.ExportedProgram
+    layout: CacheLayout
+    vocab_size: int
+
+
+def _example(batch: int, length: int, vocab: int, start: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, length), generator=gen)
+    positions = torch.arange(start, start + length).expand(batch, length).contiguous()
+    return ids, positions
+
+
+def export_steps(
+    model: torch.nn.Module, vocab_size: int, max_batch: int, max_length: int
+) -> StepPrograms:
+    """Export ``model``'s prefill and decode steps (the module is not changed)."""
+    step = LMStep(model)
+    name = type(model).__name__
+    batch = _EXAMPLE_BATCH if max_batch >= 2 else 1
+    length = min(_EXAMPLE_LENGTH, max_length - 1)
+    if length < 2:
+        raise ModelLoadError(f"compile_lm: max_length={max_length} is too short (at least 3)")
+    b_dim = torch.export.Dim("batch", min=1, max=max_batch) if batch > 1 else None
+    t_dim = torch.export.Dim("length", min=1, max=max_length)
+    # past + the new token; a past of 1 is a special case to torch.export (prefill runs then)
+    total = torch.export.Dim("total", min=MIN_DECODE_PAST + 1, max=max_length)
+
+    ids, positions = _example(batch, length, vocab_size)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    with torch.no_grad():
+        first = step(ids, mask, positions)
+    layout = CacheLayout(
+        tuple((int(t.shape[2]), int(t.shape[3])) for t in first[1:]), first[1].dtype
+    )
+    seq = {0: b_dim, 1: t_dim}
+    prefill = _export(step, (ids, mask, positions), (seq, seq, seq), name, "prefill")
+
+    new_ids, new_positions = _example(batch, 1, vocab_size, start=length)
+    new_mask = torch.ones(batch, length + 1, dtype=torch.long)
+    past = tuple(torch.cat([t, torch.zeros_like(t[:1])]) for t in first[1:])  # + the slot
+    one = {0: b_dim}
+    shapes = (one, {0: b_dim, 1: total}, one, tuple({0: total, 1: b_dim} for _ in past))
+    decode = _export(step, (new_ids, new_mask, new_positions, past), shapes, name, "decode")
+    return StepPrograms(prefill, decode, layout, vocab_size)
+
+
+def _export(
+    step: LMStep, args: tuple, dynamic_shapes: tuple, name: str, what: str
+) -> torch.export.ExportedProgram:
+    try:
+        with torch.no_grad():
+            program = torch.export.export(
+                step,
+                args,
+                dynamic_shapes=dynamic_shapes,
+            )
+    except Exception as err:  # noqa: BLE001 - the model's own forward runs here: any error
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(
+            f"compile_lm: torch.export of {name}'s {what} step failed: {first}"
+        ) from err
+    return _without_shape_asserts(program)
+
+
+def _without_shape_asserts(
+    program: torch.export.ExportedProgram,
+) -> torch.export.ExportedProgram:
+    """``program`` without the run-time asserts torch.export defers on symbolic sizes (a guard
+    such as ``min(8 + 8 * past, 16 + 16 * past) == 8 + 8 * past`` on the cache's strides that it
+    cannot prove over the whole range): they hold for every size within the limits, which
+    ``generate`` checks before it runs, and TVM's importer has no converter for ``sym_min``."""
+    graph = program.graph_module.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in _ASSERTS:
+            graph.erase_node(node)
+    graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    return program
+
+
+_ASSERTS = (
+    torch.ops.aten._assert_scalar.default,
+    torch.ops.aten.sym_constrain_range_for_size.default,
+)

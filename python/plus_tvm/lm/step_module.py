@@ -1,0 +1,95 @@
+"""The module that is exported for generation: one step of a causal LM with its KV cache as
+explicit tensors.
+
+``LMStep.forward(input_ids, attention_mask, position_ids, past)`` builds transformers'
+``DynamicCache`` from ``past`` (one key and one value tensor per layer, laid out
+``[length, batch, kv_heads, head_dim]`` so that a prefix of a longer buffer is contiguous;
+its last ``new`` positions are the slots of the new tokens, not read, so that the past, the
+attention mask and the attention all have one symbolic length), runs the model on the new
+tokens, and returns the logits of the last position and the keys and values of the new
+positions only (``[new, batch, kv_heads, head_dim]``), which the caller writes into its
+buffer. Everything the model does with the cache (rotary positions, sliding windows, ALiBi,
+multi-query heads, masks of left-padded prompts) is the model's own code, traced by
+``torch.export``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError
+
+
+def forward_parameters(model: nn.Module) -> set[str]:
+    """The keyword parameters of ``model.forward``."""
+    return set(inspect.signature(model.forward).parameters)
+
+
+class LMStep(nn.Module):
+    """One prefill (``past`` empty) or decode step of ``model`` (see the module docstring)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        params = forward_parameters(model)
+        # (transformers 5.x names the parameter ``cache``, 4.x ``past_key_values``)
+        found = [name for name in ("cache", "past_key_values") if name in params]
+        if not found:
+            raise ModelLoadError(
+                f"compile_lm: {type(model).__name__}.forward takes no cache (past_key_values): "
+                "generation with a KV cache needs a transformers causal LM (or a module with "
+                "its forward(input_ids, attention_mask, past_key_values, ...) contract)"
+            )
+        self.cache_argument = found[0]
+        self.model = model
+        self.takes_positions = "position_ids" in params
+        self.takes_cache_position = "cache_position" in params
+        self.takes_logits_to_keep = "logits_to_keep" in params
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past: tuple[torch.Tensor, ...] = (),
+    ) -> tuple[torch.Tensor, ...]:
+        from transformers import DynamicCache
+
+        new = input_ids.shape[1]
+        if past:  # the last ``new`` positions of ``past`` are the slots the new tokens fill
+            known = past[0].shape[0] - new
+            layers = [
+                (_heads_first(past[i], known), _heads_first(past[i + 1], known))
+                for i in range(0, len(past), 2)
+            ]
+            cache = DynamicCache(ddp_cache_data=layers)
+        else:
+            cache = DynamicCache()
+            known = 0
+        kwargs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            self.cache_argument: cache,
+            "use_cache": True,
+        }
+        if self.takes_positions:
+            kwargs["position_ids"] = position_ids
+        if self.takes_cache_position:
+            kwargs["cache_position"] = torch.arange(known, known + new, device=input_ids.device)
+        if self.takes_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs)
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        fresh = []
+        for layer in cache.layers:
+            fresh.append(layer.keys.narrow(2, known, new).permute(2, 0, 1, 3))
+            fresh.append(layer.values.narrow(2, known, new).permute(2, 0, 1, 3))
+        return (logits[:, -1, :], *fresh)
+
+
+def _heads_first(past: torch.Tensor, known: int) -> torch.Tensor:
+    """The first ``known`` positions of ``[length, batch, heads, dim]`` (as the cache holds
+    them) as ``[batch, heads, known, dim]`` (as transformers' cache layers hold them)."""
+    return past.narrow(0, 0, known).permute(1, 2, 0, 3)
