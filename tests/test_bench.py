@@ -331,3 +331,108 @@ def test_a_model_from_a_python_file_runs_in_the_torch_workers(tmp_path):
     assert result["backends"]["torch"]["status"] == "ok", result["backends"]["torch"]["status"]
     assert result["backends"]["torch"]["runs"] == 2
     assert result["backends"]["plus"]["max_abs_err"] < 1e-5
+
+
+# ------------------------------------------------------------------- spread of the runs
+def test_spread_is_the_range_of_the_middle_runs():
+    from plus_tvm.bench.spread import spread_ms
+
+    assert spread_ms([]) is None and spread_ms([3.0]) is None
+    assert spread_ms([1.0, 2.0]) == pytest.approx(0.8)  # 10th to 90th percentile
+    # one outlier among many runs does not make the spread
+    assert spread_ms([1.0] * 19 + [500.0]) < 1.0
+    assert spread_ms([1.0, 1.0, 1.0, 1.0, 500.0]) > 250.0  # with five runs it does
+
+
+def test_a_ratio_within_the_spread_of_either_side_is_warned_about():
+    from plus_tvm.bench.spread import spread_warnings
+
+    def entry(times):
+        from plus_tvm.bench.spread import spread_ms
+
+        return {"median_ms": float(np.median(times)), "spread_ms": spread_ms(times), "runs": 5}
+
+    steady = [1.0, 1.01, 0.99, 1.0, 1.02]
+    noisy = [0.05, 97.0, 0.06, 300.0, 0.07]  # a loaded machine: runs over 3 orders
+    backends = {
+        "plus": entry(steady),
+        "torch": entry([2.0, 2.02, 1.98, 2.01, 2.0]),  # 2x, both tight: no warning
+        "torch-compile": entry([1.05, 0.9, 1.2, 0.95, 1.1]),  # 1.05x inside its own spread
+        "onnxruntime": entry(noisy),
+        "tvm": {"median_ms": None, "spread_ms": None, "runs": 0},  # failed: nothing to say
+    }
+    lines = spread_warnings(backends)
+    names = [line.split(":")[0] for line in lines]
+    assert names == ["torch-compile", "onnxruntime"]
+    assert "within the spread" in lines[0] and "more runs" in lines[0]
+    # the plus side's spread counts as well
+    backends = {"plus": entry(noisy), "torch": entry([2.0, 2.02, 1.98, 2.01, 2.0])}
+    assert [line.split(":")[0] for line in spread_warnings(backends)] == ["torch"]
+    # a single run has no spread: no warning either way
+    single = {"plus": {"median_ms": 1.0, "spread_ms": None, "runs": 1}}
+    assert spread_warnings({**single, "torch": {**single["plus"], "median_ms": 1.01}}) == []
+
+
+def test_the_table_prints_the_spread_and_the_warnings():
+    result = {
+        "model": "m",
+        "target": "llvm",
+        "reference": "torch",
+        "environment": {"affinity": [0]},
+        "backends": {
+            "plus": {
+                "median_ms": 1.0,
+                "runs": 5,
+                "spread_ms": 0.5,
+                "max_abs_err": 0.0,
+                "status": "ok",
+            },
+        },
+        "speedup": {},
+        "warnings": ["torch: the ratio 1.05x is within the spread of the runs"],
+    }
+    text = format_table(result)
+    assert "spread ms" in text and "0.500" in text
+    assert "WARNING: torch: the ratio 1.05x" in text
+
+
+def test_no_progress_bar_unless_stderr_is_a_terminal():
+    import io
+
+    from plus_tvm.bench import driver
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert isinstance(driver._progress(10, True, io.StringIO()), driver._NoBar)  # a pipe
+    assert isinstance(driver._progress(10, False, Terminal()), driver._NoBar)  # switched off
+    bar = driver._progress(10, True, Terminal())
+    assert not isinstance(bar, driver._NoBar)
+    bar.close()
+
+
+# ---------------------------------------------------------------------- half precision
+def test_onnx_runtime_in_bfloat16_is_reported_as_not_available(tmp_path):
+    bench = Bench(_loaded(Small), ["plus", "onnxruntime"], dtype="bf16", progress=False)
+    backend = Backend("onnxruntime")
+    bench._save_onnx(backend, str(tmp_path))
+    assert backend.status.startswith("n/a in bfloat16: ONNX Runtime's CPU provider")
+    assert "--dtype fp16" in backend.status and not os.listdir(tmp_path)
+
+
+def test_an_onnx_model_is_benched_in_float16_through_onnx_runtimes_converter(tmp_path):
+    path = str(tmp_path / "small.onnx")
+    torch.manual_seed(0)
+    torch.onnx.export(Small().eval(), (torch.randn(2, 8),), path, input_names=["x"], dynamo=False)
+    result = Bench(
+        path, ["plus", "onnxruntime"], runs=2, warmup=0, progress=False, dtype="fp16"
+    ).run()
+    assert result["reference"] == "onnxruntime"
+    for name in ("plus", "onnxruntime"):
+        entry = result["backends"][name]
+        assert entry["status"] == "ok", (name, entry["status"])
+        assert entry["max_abs_err"] < 1e-2
+    assert "fp16" in result["model"]
+    with pytest.raises(BenchError, match="only fp16"):
+        Bench(path, ["plus"], runs=1, warmup=0, progress=False, dtype="bf16").run()

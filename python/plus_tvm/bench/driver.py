@@ -45,6 +45,7 @@ from ..errors import PlusError
 from ..loader import LoadedModel, load_model, random_inputs
 from ..options import Options
 from ..threads import snapshot, state_changes
+from .spread import spread_ms, spread_warnings
 
 BACKENDS = ("plus", "tvm", "torch", "torch-compile", "onnxruntime")
 
@@ -204,7 +205,9 @@ class Bench:
     dtype : {"fp32", "bf16", "fp16"}
         The precision every backend runs the model in: a torch model and its example inputs
         are converted (``model.to(dtype)``) before plus compiles it, the torch peers run it so,
-        ONNX Runtime gets it exported in that dtype (where its CPU kernels take it).
+        ONNX Runtime gets it exported in float16 (its CPU provider has no bfloat16 kernels: it
+        is reported ``n/a`` in bf16). An ONNX model is converted to float16 with ONNX Runtime's
+        converter and every backend runs that file (bf16: refused).
     """
 
     def __init__(
@@ -259,9 +262,12 @@ class Bench:
 
     # ------------------------------------------------------------------------------- set-up
     def _in_dtype(self, loaded: LoadedModel) -> LoadedModel:
-        """The model as ``model.to(dtype)`` with its example inputs converted (a torch model)."""
+        """The model as ``model.to(dtype)`` with its example inputs converted (a torch model),
+        or an ONNX model converted to float16 with ONNX Runtime's converter."""
         import copy
 
+        if loaded.onnx_model is not None and loaded.torch_module is None:
+            return self._onnx_in_dtype(loaded)
         import torch
 
         if loaded.torch_module is None or loaded.example_inputs is None:
@@ -274,6 +280,28 @@ class Bench:
         )
         self.log(f"[bench] converting the model to {dtype}")
         half = load_model(module, args)
+        half.name = f"{loaded.name} ({self.dtype})"
+        return half
+
+    def _onnx_in_dtype(self, loaded: LoadedModel) -> LoadedModel:
+        """An ONNX model in float16, as an ONNX Runtime user makes it
+        (``onnxruntime.transformers.float16.convert_float_to_float16``: weights, inputs and
+        outputs in float16, ORT's list of ops kept in float32); every backend runs that file."""
+        if self.dtype != "fp16":
+            raise BenchError(
+                f"--dtype {self.dtype} of an ONNX model: only fp16 (ONNX Runtime's float16 "
+                "converter); bfloat16 needs a torch model (model.to(torch.bfloat16))"
+            )
+        try:
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+        except ImportError as err:
+            raise BenchError(
+                f"--dtype fp16 of an ONNX model needs onnxruntime's float16 converter ({err})"
+            ) from None
+        self.log("[bench] converting the ONNX model to float16 (ONNX Runtime's converter)")
+        import copy
+
+        half = load_model(convert_float_to_float16(copy.deepcopy(loaded.onnx_model)))
         half.name = f"{loaded.name} ({self.dtype})"
         return half
 
@@ -341,7 +369,15 @@ class Bench:
 
         from .. import zoo
 
+        if self.dtype == "bf16":  # (checked: NOT_IMPLEMENTED at the session's creation)
+            b.status = (
+                "n/a in bfloat16: ONNX Runtime's CPU provider has no bfloat16 kernels for "
+                "MatMul, Gemm, Add, Relu, Softmax; --dtype fp16 runs it"
+            )
+            return
         path = os.path.join(workdir, "model.onnx")
+        if self.dtype == "fp16" and self.loaded.onnx_model is None:
+            self.log("[bench] exporting the float16 torch model to ONNX for onnxruntime")
         try:
             if self.loaded.onnx_model is not None:
                 onnx.save(self.loaded.onnx_model, path)
@@ -464,6 +500,7 @@ class Bench:
         return {
             **{k: first[k] for k in ("model", "target", "reference", "environment", "stats")},
             "invalid": invalid,
+            "warnings": [f"length {n}: {w}" for n, s in summaries.items() for w in s["warnings"]],
             "lengths": summaries,
         }
 
@@ -557,9 +594,11 @@ class Bench:
         invalid = self._validity(backends)
         result = {}
         for b in backends:
+            spread = spread_ms(b.times_ms)
             entry: dict[str, object] = {
                 "median_ms": round(statistics.median(b.times_ms), 6) if b.times_ms else None,
                 "runs": len(b.times_ms),
+                "spread_ms": round(spread, 6) if spread is not None else None,
                 "max_abs_err": None,
                 "status": b.status,
                 "setup_s": round(b.setup_s, 2),
@@ -610,6 +649,7 @@ class Bench:
             "invalid": invalid,
             "backends": result,
             "speedup": speedup,
+            "warnings": spread_warnings(result),
             "stats": {k: v for k, v in self.stats.items() if k not in ("groups", "kernel_names")},
         }
 
@@ -631,12 +671,15 @@ class _NoBar:
         pass
 
 
-def _progress(total: int, enabled: bool):
-    if not enabled:
+def _progress(total: int, enabled: bool, stream: object = None):
+    """A tqdm bar on ``stream`` (stderr), only when it is a terminal: a pipe or a log file
+    gets no bar."""
+    stream = stream if stream is not None else sys.stderr
+    if not enabled or not getattr(stream, "isatty", lambda: False)():
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="bench", unit="run", file=sys.stderr, leave=False)
+    return tqdm(total=total, desc="bench", unit="run", file=stream, leave=False)
 
 
 def _write_user_files(module: object, artifact: str) -> None:

@@ -18,15 +18,16 @@ def format_table(result: dict) -> str:
 
 def _one_table(result: dict) -> str:
     header = (
-        f"{'backend':<14}{'median ms':>12}{'runs':>6}{'plus speedup':>14}{'max abs err':>13}"
+        f"{'backend':<14}{'median ms':>12}{'runs':>6}{'spread ms':>11}{'plus speedup':>14}"
+        f"{'max abs err':>13}"
         f"{'kernels':>9}{'peak MB':>9}{'model MB':>10}  status"
     )
     env = result.get("environment", {})
     lines = [
         f"model {result['model']} on {result['target']} (reference: {result['reference']})",
         f"every backend in its own process, on CPUs {env.get('affinity')} with its own thread "
-        "defaults; 'model MB' = peak resident minus the resident size after importing its "
-        "libraries",
+        "defaults; 'spread ms' = range of the middle 80% of the runs; 'model MB' = peak "
+        "resident minus the resident size after importing its libraries",
         header,
         "-" * len(header),
     ]
@@ -38,7 +39,8 @@ def _one_table(result: dict) -> str:
         sp = result["speedup"].get(name) if name != "plus" else 1.0
         sp_text = num(sp, ".2f") + ("x" if isinstance(sp, (int, float)) else "")
         lines.append(
-            f"{name:<14}{num(e['median_ms'], '.3f'):>12}{e['runs']:>6}{sp_text:>14}"
+            f"{name:<14}{num(e['median_ms'], '.3f'):>12}{e['runs']:>6}"
+            f"{num(e.get('spread_ms'), '.3f'):>11}{sp_text:>14}"
             f"{num(e['max_abs_err'], '.2e'):>13}{str(e.get('kernels', '-')):>9}"
             f"{num(e.get('peak_rss_mb'), '.0f'):>9}"
             f"{num(e.get('peak_above_libraries_mb'), '.0f'):>10}"
@@ -55,6 +57,8 @@ def _one_table(result: dict) -> str:
         lines.append("threads: " + "; ".join(f"{n} {t}" for n, t in threads.items()))
     for problem in result.get("invalid", []):
         lines.append(f"INVALID: {problem}")
+    for warning in result.get("warnings", []):
+        lines.append(f"WARNING: {warning}")
     return "\n".join(lines)
 
 
