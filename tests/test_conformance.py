@@ -101,3 +101,55 @@ def test_bad_arguments_exit_2(argv):
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
+
+
+def test_the_store_keeps_bfloat16_arrays_and_refuses_older_versions(tmp_path):
+    import ml_dtypes
+    import numpy as np
+
+    bits = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    case = {
+        "name": "t",
+        "op": "Cast",
+        "model": b"m",
+        "data_sets": (((bits, np.ones(2, np.float16)), (bits.astype(np.float32),)),),
+        "rtol": 1e-3,
+        "atol": 1e-7,
+    }
+    path = tmp_path / "store.npz"
+    path.write_bytes(case_store.dumps([case]))
+    ((inputs, outputs),) = case_store.load(str(path))[0]["data_sets"]
+    assert inputs[0].dtype == ml_dtypes.bfloat16 and np.array_equal(inputs[0], bits)
+    assert inputs[1].dtype == np.float16 and outputs[0].dtype == np.float32
+    # a store of the previous version (no bfloat16 tests in it) is stale, not damaged
+    with np.load(str(path)) as store:
+        old = {k: store[k] for k in store.files if k != case_store.FORMAT}
+    np.savez(str(tmp_path / "old.npz"), **old)
+    with pytest.raises(case_store.StaleStoreError):
+        case_store.load(str(tmp_path / "old.npz"))
+
+
+def test_half_precision_tests_are_kept_and_selected():
+    cases = load_cases()
+    half = cases_mod.half_precision(cases)
+    names = {c.name for c in half}
+    assert {"test_cast_FLOAT_to_BFLOAT16", "test_celu_float16", "test_attention_4d_fp16"} <= names
+    assert len(half) > 60
+    assert all(c.name in names for c in cases if "bfloat16" in c.name.lower())
+
+
+def test_half_precision_tests_of_quick_operators_have_no_plus_only_failure():
+    """The float16 / bfloat16 node tests of operators that compile in seconds (attention's are
+    left to ``scripts/conformance --subset half``), under plus and under TVM."""
+    slow = ("Attention", "FlexAttention", "LinearAttention", "CausalConvWithState")
+    cases = [
+        c for c in cases_mod.half_precision(load_cases()) if not c.expanded and c.op not in slow
+    ]
+    assert any("bfloat16" in c.name.lower() for c in cases)
+    report = runner.run(cases, timeout_s=180.0)
+    plus_only = report.names("plus_only_fail")
+    details = {n: report.tests[n]["plus"] for n in plus_only}
+    assert not plus_only, f"plus breaks what TVM gets right: {details}"
+    counts = report.counts()
+    assert counts["plus_pass"] >= counts["tvm_pass"]
+    print(runner.summary(report), file=sys.stderr)

@@ -18,9 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--subset",
-        choices=("all", "ci"),
+        choices=("all", "ci", "half"),
         default="all",
-        help="all runnable tests, or the CI subset (the first test of every operator)",
+        help="all runnable tests, the CI subset (the first test of every operator), or the "
+        "tests with float16 / bfloat16 data",
     )
     parser.add_argument("-k", dest="pattern", help="only tests whose name matches this glob")
     parser.add_argument("--pipelines", default="plus,tvm", help="plus, tvm or plus,tvm")
@@ -43,18 +44,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
 
-    from .cases import first_of_each_operator, load_cases
+    from .cases import first_of_each_operator, half_precision, load_cases
     from .runner import run, summary, write_json
 
     cases = load_cases(refresh=args.refresh)
     if args.subset == "ci":
         cases = first_of_each_operator(cases)
+    elif args.subset == "half":
+        cases = half_precision(cases)
     if args.pattern:
         cases = [c for c in cases if fnmatch.fnmatch(c.name, args.pattern)]
     if not cases:
         parser.error("no test matches")
     bar = None
-    if not args.no_progress:
+    if not args.no_progress and sys.stderr.isatty():  # (a pipe or a log gets no bar)
         from tqdm import tqdm
 
         bar = tqdm(total=len(cases) * len(pipelines), unit="run", file=sys.stderr)
