@@ -27,6 +27,7 @@ def _check(fn, *input_sets):
     """Compile ``fn`` on the first inputs; every input set gives torch's result."""
     model = Fn(fn)
     cm = plus_tvm.compile(model, example_args=input_sets[0], target="llvm")
+    assert not cm.stats.get("host_nodes"), "compiled, not run through torch on the host"
     for inputs in input_sets:
         want = _outputs(model(*inputs))
         got = _outputs(cm(*inputs))
@@ -232,3 +233,12 @@ def test_arange_with_a_negative_step_has_torch_length_and_values():
         )
 
     _check(fn, (torch.ones(12),), (torch.full((12,), 2.0),))
+
+
+def test_a_single_index_tensor_counts_negatives_from_the_end():
+    def fn(x, i):
+        return x[:, i], x[i], x[..., i[0]]
+
+    x = torch.arange(60.0).reshape(3, 4, 5)
+    i = torch.tensor([[0, -1], [2, 2]])
+    _check(fn, (x, i), (x, torch.tensor([[1, 0], [-3, 2]])))

@@ -18,7 +18,8 @@ Here, following torch's rules (``torch/_refs``, ``aten/native/TensorAdvancedInde
 - integer index tensors broadcast together to a shape ``B``; when they sit on adjacent axes,
   ``B`` takes their place in the result, else it comes first; every other axis is a slice.
   ``index.Tensor`` becomes one ``index_tensor`` with an index per axis, each placed on its
-  result axes (``CheckIndexBounds`` checks ``[-n, n)`` and maps negatives);
+  result axes (``CheckIndexBounds`` checks ``[-n, n)`` and maps negatives; a single index
+  tensor too: as a ``take``, an index that is a model input was refused when negative);
 - ``index_put`` is a ``scatter_elements`` over the flattened tensor at the flat offsets of the
   indexed elements (``add`` for ``accumulate=True``: a serial loop, so duplicates add up as in
   torch), each index checked against ``[-n, n)`` with the node's name and negatives mapped;
