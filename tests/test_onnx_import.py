@@ -364,3 +364,24 @@ def test_a_concat_of_shape_values_and_constant_pieces_stays_a_shape():
     assert "onnx_host" not in mod.script()
     x = _randn(2, 3, 4)
     np.testing.assert_array_equal(plus_tvm.compile(model, "llvm")(x), x.reshape(2, 6, 2))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_float_mod_is_numpys_modulo_with_infinities_and_signed_zeros(dtype):
+    # TVM's floor_mod (a - floor(a / b) * b) gave nan for a finite dividend and an infinite
+    # divisor, and +0 where the divisor is negative
+    a = np.array([0, -0.0, 0, -0.0, -3, 3, -1, 1, np.inf, -np.inf, 1, 1, np.nan, 1, 5.5], dtype)
+    b = np.array(
+        [-2, 2, 2, -2, np.inf, np.inf, -np.inf, -np.inf, 2, 2, 0, -0.0, 2, np.nan, -2], dtype
+    )
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    node = helper.make_node("Mod", ["a", "b"], ["y"], fmod=0)
+    model = _model(
+        [node], [_info("a", elem, [15]), _info("b", elem, [15])], [_info("y", elem, [15])], opset=13
+    )
+    got = plus_tvm.compile(model, "llvm")(a, b)
+    with np.errstate(all="ignore"):
+        want = np.mod(a, b)
+    np.testing.assert_array_equal(got, want)  # (nan where numpy has nan)
+    numbers = ~np.isnan(want)
+    assert np.array_equal(np.signbit(got[numbers]), np.signbit(want[numbers]))

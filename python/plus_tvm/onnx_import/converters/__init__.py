@@ -13,6 +13,7 @@ from .contraction import Conv, ConvTranspose, Gemm, MatMul
 from .expand import Expand
 from .is_inf import IsInf
 from .layer_normalization import LayerNormalization
+from .mod import Mod
 from .negative_log_likelihood_loss import NegativeLogLikelihoodLoss
 from .softmax_cross_entropy_loss import SoftmaxCrossEntropyLoss
 
@@ -26,6 +27,7 @@ CONVERTERS = {
     "IsInf": IsInf,
     "LayerNormalization": LayerNormalization,
     "MatMul": MatMul,
+    "Mod": Mod,
     "NegativeLogLikelihoodLoss": NegativeLogLikelihoodLoss,
     "SoftmaxCrossEntropyLoss": SoftmaxCrossEntropyLoss,
 }
