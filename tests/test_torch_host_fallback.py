@@ -176,3 +176,60 @@ def test_the_exported_library_runs_in_a_fresh_process(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=300)
     got = np.load(tmp_path / "out.npz")
     _close([got[f"arr_{i}"] for i in range(len(got.files))], model(x))
+
+
+def test_a_host_call_on_constants_is_not_evaluated_at_compile_time():
+    import tvm_ffi
+    from plus_tvm.runtime import torch_host
+
+    class OnBuffer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("table", torch.linspace(-2, 2, 6))
+
+        def forward(self, x):
+            return x + torch.special.i0e(self.table)  # the host call's input is a constant
+
+    calls = []
+
+    def counted(*args):
+        calls.append(len(args))
+        return torch_host.run(*args)
+
+    tvm_ffi.register_global_func(torch_host.NAME, counted, override=True)
+    try:
+        model = OnBuffer()
+        cm, _ = _compile(model, (torch.randn(6),))
+        assert calls == []  # neither FoldStaticSubgraphs nor FoldConstant ran it
+        x = torch.randn(6)
+        _close([cm(x)], [model(x)])
+        assert calls == [2]
+    finally:
+        torch_host.register()
+
+
+def test_non_tensor_arguments_reach_the_op_as_given():
+    from plus_tvm.runtime.torch_host import _decode_value
+    from plus_tvm.torch_host_fallback import encode_value
+
+    value = [2, -0.1, float("inf"), float("-inf"), True, None, "left", (1, 2), torch.int32]
+    value += [torch.device("cpu"), torch.strided, torch.contiguous_format, 1e-300]
+    back = _decode_value(encode_value(value, [], torch), [])
+    assert back[:2] == [2, -0.1] and back[2] == float("inf") and back[3] == float("-inf")
+    assert back[4:] == [True, None, "left", (1, 2), torch.int32, torch.device("cpu")] + [
+        torch.strided,
+        torch.contiguous_format,
+        1e-300,
+    ]
+    nan = _decode_value(encode_value(float("nan"), [], torch), [])
+    assert nan != nan
+
+    class Bins(torch.nn.Module):
+        def forward(self, edges, x):
+            return torch.searchsorted(edges, x, right=True) + torch.polygamma(2, x.abs() + 1)
+
+    model = Bins()
+    args = (torch.tensor([-1.0, 0.0, 0.5, 2.0]), torch.tensor([[-1.0, 0.25], [0.5, 3.0]]))
+    cm, warned = _compile(model, args)
+    assert any("searchsorted" in w for w in warned) and any("polygamma" in w for w in warned)
+    _close([cm(*args)], [model(*args)])
