@@ -50,8 +50,8 @@ class IndexOutOfRangeError(PlusError, IndexError):
 
 
 class HostNodeError(PlusError, RuntimeError):
-    """A node run on the host (ONNX's reference implementation) refused the values it got as
-    the model ran; the message names the node."""
+    """A node run on the host (ONNX's reference implementation, or torch eager for a torch op
+    without a converter) refused the values it got as the model ran; the message names it."""
 
 
 # What the runtime's services (packed functions the VM calls) put in the message of an error

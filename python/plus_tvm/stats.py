@@ -27,13 +27,15 @@ _KERNEL_OPS = frozenset(
     }
 )
 _LIBRARY_OPS = frozenset({"relax.call_dps_packed"})
-# the ONNX nodes the importer sent to the host (onnx_import/host_nodes.py): a JSON list of
-# "#index 'name' of type Op: why" on the imported module, ``stats["host_nodes"]`` after compile
+# the nodes the importer sent to the host: ONNX nodes run by ONNX's reference implementation
+# (onnx_import/host_nodes.py, "#index 'name' of type Op: why") and torch nodes run by torch eager
+# (torch_host_fallback.py, "node 'name' (File ...) of torch operator aten::op.overload: ..."); a
+# JSON list on the imported module, ``stats["host_nodes"]`` after compile
 HOST_NODES_ATTR = "plus.host_nodes"
 
 
 def host_nodes(mod: tvm.IRModule) -> list[str]:
-    """The nodes of an imported ONNX model that run on the host (empty for any other model)."""
+    """The nodes of an imported model that run on the host (ONNX or torch), in graph order."""
     text = mod.attrs.get(HOST_NODES_ATTR) if mod.attrs is not None else None
     return json.loads(str(text)) if text is not None else []
 
