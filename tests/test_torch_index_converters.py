@@ -242,3 +242,20 @@ def test_a_single_index_tensor_counts_negatives_from_the_end():
     x = torch.arange(60.0).reshape(3, 4, 5)
     i = torch.tensor([[0, -1], [2, 2]])
     _check(fn, (x, i), (x, torch.tensor([[1, 0], [-3, 2]])))
+
+
+def test_nan_propagates_through_amax_and_scatter_reduce_as_in_torch():
+    nan = float("nan")
+
+    def fn(x, index, src):
+        reduced = tuple(
+            x.scatter_reduce(1, index, src, mode, include_self=include_self)
+            for mode in ("amax", "amin")
+            for include_self in (True, False)
+        )
+        return (torch.amax(x, -1), torch.amin(src, 0), *reduced)
+
+    x = torch.tensor([[0.0, 0.0, 1.0, nan], [2.0, 1.0, 0.0, -1.0]])
+    index = torch.tensor([[1, 1, 2, 2, 0, 0, 3], [0, 0, 0, 1, 1, 2, 3]])
+    src = torch.tensor([[3.0, nan, nan, 0.5, 1.0, nan, 7.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, nan]])
+    _check(fn, (x, index, src))
