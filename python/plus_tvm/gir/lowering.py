@@ -173,7 +173,7 @@ class _MathRewriter:
         if fn is None:
             return None
         arg = self.rebuild(e.args[0])
-        if nesting_depth(arg) >= FAST_NESTING:
+        if nesting_depth(arg) >= FAST_NESTING or _touches_bf16(arg):
             return e if arg.same_as(e.args[0]) else tvm.ir.Call(e.op, [arg], ret_ty=e.ty)
         return fn(arg)
 
@@ -221,6 +221,18 @@ class _MathRewriter:
             ),
         )
         return bool(hits)
+
+
+def _touches_bf16(e: tvm.ir.Expr) -> bool:
+    """Whether ``e`` holds a bfloat16 value (a load, a cast, arithmetic). The fast functions
+    bind their argument with ``Let``, and TVM 0.27's bfloat16 legalization does not reach into
+    a ``Let`` value: a cast there fails code generation ("BF16 needs to be storaged lowered
+    first") and a load there reads the raw 16 bits as a number (a bfloat16 SiLU came out
+    wrong). Such an argument keeps TVM's own ``exp`` / ``sigmoid`` / ``tanh``; float16 is a
+    type LLVM has, and takes the fast functions."""
+    hits: list[object] = []
+    walk_expr(e, lambda n: hits.append(n) if str(getattr(n, "ty", "")) == "bfloat16" else None)
+    return bool(hits)
 
 
 def _math_target(n: object) -> bool:
