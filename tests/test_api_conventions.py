@@ -37,20 +37,18 @@ def test_a_transformers_model_with_its_default_use_cache_compiles():
     model = _gpt2()
     assert model.config.use_cache is True
     ids = torch.randint(0, 64, (1, 8))
+    mask = torch.ones(1, 8, dtype=torch.int64)
     with pytest.warns(UserWarning, match="use_cache=False.*compile_lm"):
-        cm = plus_tvm.compile(model, example_args=(ids,))
+        cm = plus_tvm.compile(model, example_args=(ids,), example_kwargs={"attention_mask": mask})
     assert model.config.use_cache is True  # the user's config is restored
-    out = cm(ids)
-    want = model(ids, use_cache=False)
+    out = cm(ids, attention_mask=mask)
+    want = model(ids, attention_mask=mask, use_cache=False)
     assert type(out) is type(want) and list(out.keys()) == ["logits"]
     np.testing.assert_allclose(out.logits.numpy(), want.logits.detach().numpy(), atol=1e-4)
-    assert isinstance(cm(ids.numpy())["logits"], np.ndarray)
-    assert cm.output_names == ["logits"] and cm.input_names == ["input_ids"]
-    mask = torch.ones(1, 8, dtype=torch.int64)
-    with_mask = plus_tvm.compile(model, example_kwargs={"input_ids": ids, "attention_mask": mask})
-    assert with_mask.input_names == ["input_ids", "attention_mask"]
-    got = with_mask(attention_mask=mask, input_ids=ids).logits
-    np.testing.assert_allclose(got.numpy(), want.logits.detach().numpy(), atol=1e-4)
+    assert cm.output_names == ["logits"] and cm.input_names == ["input_ids", "attention_mask"]
+    got = cm(attention_mask=mask.numpy(), input_ids=ids.numpy())["logits"]
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_allclose(got, want.logits.detach().numpy(), atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------- outputs
@@ -94,6 +92,11 @@ def test_a_saved_model_keeps_names_and_structure_and_an_old_json_still_loads(tmp
     np.testing.assert_allclose(out["a"], cm(x)["a"].numpy(), rtol=1e-5)
     with open(path + ".json") as f:
         meta = json.load(f)
+    meta["io"]["input_names"] = ["x", "y"]  # names that do not fit the inputs
+    with open(path + ".json", "w") as f:
+        json.dump(meta, f)
+    with pytest.raises(ModelLoadError, match="malformed.*2 input names for 1 inputs"):
+        plus_tvm.load(path)
     del meta["io"]  # a model exported before the names were kept
     with open(path + ".json", "w") as f:
         json.dump(meta, f)
