@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
-import subprocess
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -65,17 +64,11 @@ class BuildNative(build_ext):
             self._skip(out, str(err))
             return
         out.parent.mkdir(parents=True, exist_ok=True)
-        full = [*build.command(tools, NATIVE, sources, flags, [ONEDNN_RPATH]), "-o", str(out)]
-        print("plus_tvm: building the native kernels:", " ".join(full))
+        print(f"plus_tvm: building the native kernels ({tools['compiler']}) into {out}")
         try:
-            result = subprocess.run(full, capture_output=True, text=True, check=False)
-        except OSError as err:
-            self._skip(out, f"the compiler failed to start: {err}")
-            return
-        if result.returncode != 0:
-            self._skip(out, "compiling failed:\n" + (result.stdout + result.stderr)[-4000:])
-            return
-        build.write_manifest(out, build.build_info(out, tools, NATIVE, sources, flags))
+            build.build_library(out, tools, NATIVE, sources, flags, [ONEDNN_RPATH])
+        except build.NativeUnavailableError as err:
+            self._skip(out, str(err))
 
     def _skip(self, out: Path, why: str) -> None:
         for stale in (out, _manifest(out)):

@@ -133,6 +133,37 @@ def manifest_path(library: Path) -> Path:
     return library.with_name(library.name + MANIFEST_SUFFIX)
 
 
+def build_library(
+    library: Path,
+    tools: dict[str, str],
+    source_dir: Path,
+    sources: Sequence[str],
+    flags: Sequence[str],
+    rpaths: Sequence[str] = (),
+) -> None:
+    """Compile the package's library to ``library`` and write its manifest (the library is
+    compiled beside it and renamed into place: a process loading the old one keeps it).
+
+    Raises
+    ------
+    NativeUnavailableError
+        The compiler could not start or failed (with the end of its output).
+    """
+    partial = library.with_name(f"{library.name}.{os.getpid()}.partial")
+    full = [*command(tools, source_dir, sources, flags, rpaths), "-o", str(partial)]
+    try:
+        result = subprocess.run(full, capture_output=True, text=True, check=False)
+    except OSError as err:
+        raise NativeUnavailableError(f"the compiler failed to start: {err}") from None
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        tail = (result.stdout + result.stderr)[-4000:]
+        raise NativeUnavailableError(f"compiling failed ({' '.join(full)}):\n{tail}")
+    info = build_info(partial, tools, source_dir, sources, flags)
+    os.replace(partial, library)
+    write_manifest(library, dict(info, file=library.name))
+
+
 def build_info(
     library: Path, tools: dict[str, str], source_dir: Path, sources: Sequence[str], flags
 ) -> dict[str, object]:
