@@ -44,6 +44,7 @@ _COMPILER_API = ("MapPattern", "compile", "from_onnx", "from_torch", "inspect", 
 if compiler_available():
     from .compiler import compile, inspect
     from .frontend import from_onnx, from_torch
+    from .lm import compile_lm as compile_lm
     from .mapping import MapPattern
     from .pipeline import pipeline
 else:

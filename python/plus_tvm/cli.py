@@ -22,6 +22,8 @@ import sys
 import zipfile
 from collections.abc import Sequence
 
+from .lm.cli_generate import add_generate_parser, cmd_generate
+
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 EXIT_CHECK_FAILED = 3
@@ -234,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument(
             "--opt", action="append", default=[], metavar="KEY=VALUE", help="set an Options field"
         )
+    add_generate_parser(sub)  # plus_tvm/lm/cli_generate.py
     return parser
 
 
@@ -694,6 +697,7 @@ COMMANDS = {
     "calibrate": _cmd_calibrate,
     "zoo": _cmd_zoo,
     "warehouse": _cmd_warehouse,
+    "generate": cmd_generate,
 }
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import typing
+
 from ..errors import ModelLoadError, OptionsError
 from ..options import Options
-from .checks import Limits
-from .compiled_lm import CompiledLM
-from .export import export_steps
+
+if typing.TYPE_CHECKING:  # pragma: no cover
+    from .compiled_lm import CompiledLM
 
 
 def compile_lm(
@@ -31,9 +33,13 @@ def compile_lm(
         ``generate(input_ids, max_new_tokens, ...)``, and the two steps ``prefill`` and
         ``decode`` for a loop of one's own.
     """
-    import torch
+    import torch  # (imported here: ``import plus_tvm`` does not need torch)
 
     from ..compiler import compile as plus_compile
+    from .checks import Limits
+    from .compiled_lm import CompiledLM
+    from .export import export_steps
+    from .step_module import cache_argument
 
     if not isinstance(model, torch.nn.Module):
         raise ModelLoadError(
@@ -42,6 +48,7 @@ def compile_lm(
     for name, value, low in (("max_batch", max_batch, 1), ("max_length", max_length, 3)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise OptionsError(f"compile_lm: {name} must be an int >= {low}, got {value!r}")
+    cache_argument(model)  # (refuses a module without a KV cache before anything else)
     options = options or Options()
     if any(m.training for m in model.modules()):
         if options.train_mode != "eval":

@@ -9,6 +9,8 @@ serves every size within them.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -67,7 +69,7 @@ def export_steps(
 
     ids, positions = _example(batch, length, vocab_size)
     mask = torch.ones(batch, length, dtype=torch.long)
-    with torch.no_grad():
+    with torch.no_grad(), eager_attention(model):
         first = step(ids, mask, positions)
     layout = CacheLayout(
         tuple((int(t.shape[2]), int(t.shape[3])) for t in first[1:]), first[1].dtype
@@ -84,11 +86,33 @@ def export_steps(
     return StepPrograms(prefill, decode, layout, vocab_size)
 
 
+@contextlib.contextmanager
+def eager_attention(model: torch.nn.Module) -> Iterator[None]:
+    """transformers' eager attention in ``model`` while it is exported, its own afterwards.
+
+    Eager attention exports as matmul, mask, softmax and matmul, which the pipeline's attention
+    entry matches (and ``torch.export``'s decomposition of SDPA fails on some models with a
+    symbolic batch: GPT-2's output view after it)."""
+    configs = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if hasattr(config, "_attn_implementation"):
+            configs[id(config)] = config
+    before = {key: config._attn_implementation for key, config in configs.items()}
+    try:
+        for config in configs.values():
+            config._attn_implementation = "eager"
+        yield
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation = before[key]
+
+
 def _export(
     step: LMStep, args: tuple, dynamic_shapes: tuple, name: str, what: str
 ) -> torch.export.ExportedProgram:
     try:
-        with torch.no_grad():
+        with torch.no_grad(), eager_attention(step.model):
             program = torch.export.export(
                 step,
                 args,

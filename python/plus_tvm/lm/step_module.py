@@ -28,21 +28,27 @@ def forward_parameters(model: nn.Module) -> set[str]:
     return set(inspect.signature(model.forward).parameters)
 
 
+def cache_argument(model: nn.Module) -> str:
+    """The name ``model.forward`` takes its KV cache by (transformers 5.x: ``cache``, 4.x:
+    ``past_key_values``); a module that takes none is refused."""
+    params = forward_parameters(model)
+    found = [name for name in ("cache", "past_key_values") if name in params]
+    if not found:
+        raise ModelLoadError(
+            f"compile_lm: {type(model).__name__}.forward takes no cache (past_key_values): "
+            "generation with a KV cache needs a transformers causal LM (or a module with "
+            "its forward(input_ids, attention_mask, past_key_values, ...) contract)"
+        )
+    return found[0]
+
+
 class LMStep(nn.Module):
     """One prefill (``past`` empty) or decode step of ``model`` (see the module docstring)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         params = forward_parameters(model)
-        # (transformers 5.x names the parameter ``cache``, 4.x ``past_key_values``)
-        found = [name for name in ("cache", "past_key_values") if name in params]
-        if not found:
-            raise ModelLoadError(
-                f"compile_lm: {type(model).__name__}.forward takes no cache (past_key_values): "
-                "generation with a KV cache needs a transformers causal LM (or a module with "
-                "its forward(input_ids, attention_mask, past_key_values, ...) contract)"
-            )
-        self.cache_argument = found[0]
+        self.cache_argument = cache_argument(model)
         self.model = model
         self.takes_positions = "position_ids" in params
         self.takes_cache_position = "cache_position" in params
