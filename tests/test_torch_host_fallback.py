@@ -176,6 +176,25 @@ def test_the_exported_library_runs_in_a_fresh_process(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=300)
     got = np.load(tmp_path / "out.npz")
     _close([got[f"arr_{i}"] for i in range(len(got.files))], model(x))
+    # where torch cannot be imported, the call says what it needs (no bare ImportError)
+    blocked = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["torch"] = None
+        import numpy as np, plus_tvm
+        from plus_tvm.errors import PlusError
+        cm = plus_tvm.load({path!r})
+        try:
+            cm(np.load({str(tmp_path / "x.npy")!r}))
+        except PlusError as err:
+            print(err)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", blocked], env=env, timeout=300, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "plus.torch_host (aten::special_i0e.default) needs torch" in done.stdout
 
 
 def test_a_host_call_on_constants_is_not_evaluated_at_compile_time():
