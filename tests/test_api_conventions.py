@@ -49,6 +49,8 @@ def test_a_transformers_model_with_its_default_use_cache_compiles():
     got = cm(attention_mask=mask.numpy(), input_ids=ids.numpy())["logits"]
     assert isinstance(got, np.ndarray)
     np.testing.assert_allclose(got, want.logits.detach().numpy(), atol=1e-4)
+    with pytest.raises(ModelLoadError, match="use_cache=True: the KV cache is no output"):
+        plus_tvm.compile(model, example_args=(ids,), example_kwargs={"use_cache": True})
 
 
 # ---------------------------------------------------------------------------------- outputs
@@ -152,6 +154,24 @@ def test_a_dict_of_example_inputs_is_keyword_inputs():
     np.testing.assert_allclose(got, (a * m + s).numpy(), atol=1e-6)
     with pytest.raises(ModelLoadError, match="given in example_args and example_kwargs"):
         plus_tvm.compile(model, example_args={"scale": s}, example_kwargs={"scale": s})
+
+
+class Flags(nn.Module):
+    def forward(self, x, double=False, pair=True):
+        y = x * 2 if double else x
+        return (y, y + 1) if pair else y
+
+
+def test_plain_keyword_values_are_bound_into_the_export():
+    model = Flags().eval()
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # (no use_cache warning: none is on)
+        cm = plus_tvm.compile(
+            model, example_args=(x,), example_kwargs={"double": True, "pair": False}
+        )
+    assert cm.input_names == ["x"] and "forward" not in vars(model)  # the module is untouched
+    np.testing.assert_allclose(cm(x).numpy(), (x * 2).numpy())
 
 
 # ------------------------------------------------------------------------------------- ONNX

@@ -119,10 +119,11 @@ def export_torch(
         if training and train_mode == "eval":
             module, training = prep.eval_copy(module), False
         kwargs = prep.ordered_kwargs(module, kwargs)
+        exported, tensors = prep.bind_constants(module, kwargs)
         try:
-            with torch.no_grad(), prep.cache_off(module, kwargs) as dropped:
+            with torch.no_grad(), prep.cache_off(exported, kwargs) as dropped:
                 program = torch.export.export(
-                    module, args or (), kwargs or None, dynamic_shapes=dynamic_shapes
+                    exported, args or (), tensors or None, dynamic_shapes=dynamic_shapes
                 )
         except Exception as err:  # noqa: BLE001 - the user's forward runs here: any error
             from .torch_export_errors import export_failure_message  # (a branch on a value)

@@ -9,16 +9,20 @@
   config restored after it (:func:`cache_off`); a warning says the cache outputs are not
   returned (text generation with a cache: ``plus_tvm.compile_lm``).
 - **Keyword example inputs** are put in the order of ``forward``'s parameters
-  (:func:`ordered_kwargs`), so that the compiled model's inputs follow the signature.
+  (:func:`ordered_kwargs`), so that the compiled model's inputs follow the signature; plain
+  values among them (``return_dict=False``) are bound into the forward (:func:`bind_constants`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import warnings
 from collections.abc import Iterator, Mapping
+
+from .errors import ModelLoadError
 
 TRAIN_MODES = ("refuse", "eval")
 _TRAIN_ARGS = ("train", "training")
@@ -106,6 +110,28 @@ def warn_cache_dropped(name: str) -> None:
         UserWarning,
         stacklevel=5,
     )
+
+
+_CONSTANTS = (bool, int, float, str, type(None))
+
+
+def bind_constants(module: object, kwargs: Mapping[str, object]) -> tuple[object, dict]:
+    """``(module, tensor kwargs)``: keyword inputs that are plain values (``use_cache=False``,
+    ``return_dict=False``) bound into the forward of a shallow copy of ``module`` (the same
+    submodules and weights, under the same names), as ``torch.export`` would bake them in; the
+    tensors stay inputs. ``module`` itself is not changed."""
+    constants = {k: v for k, v in kwargs.items() if isinstance(v, _CONSTANTS)}
+    if not constants:
+        return module, dict(kwargs)
+    if constants.get("use_cache") is True:
+        raise ModelLoadError(
+            "use_cache=True: the KV cache is no output a compiled model returns; leave use_cache "
+            "out (the model is compiled without its cache) or, for text generation with a "
+            "cache, use plus_tvm.compile_lm"
+        )
+    bound = copy.copy(module)
+    bound.forward = functools.partial(type(module).forward, bound, **constants)
+    return bound, {k: v for k, v in kwargs.items() if k not in constants}
 
 
 def ordered_kwargs(module: object, kwargs: Mapping[str, object]) -> dict[str, object]:
