@@ -385,3 +385,21 @@ def test_float_mod_is_numpys_modulo_with_infinities_and_signed_zeros(dtype):
     np.testing.assert_array_equal(got, want)  # (nan where numpy has nan)
     numbers = ~np.isnan(want)
     assert np.array_equal(np.signbit(got[numbers]), np.signbit(want[numbers]))
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_reduce_max_and_min_of_infinities_give_infinities(op, dtype):
+    # TVM's reductions start from the dtype's finite extreme: a row of -inf had max -3.4e38
+    # (float16: -65504), and a fully masked attention row's NaN went through the mask check
+    sign = -1 if op == "ReduceMax" else 1
+    big = np.finfo(dtype).max
+    x = np.array(
+        [[sign * np.inf] * 3, [1, 2, sign * np.inf], [sign * big, sign * np.inf, sign * np.inf]],
+        dtype,
+    )
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    node = helper.make_node(op, ["x"], ["y"], axes=[-1], keepdims=1)
+    model = _model([node], [_info("x", elem, [3, 3])], [_info("y", elem, [3, 1])], opset=17)
+    want = (np.max if op == "ReduceMax" else np.min)(x, axis=-1, keepdims=True)
+    np.testing.assert_array_equal(plus_tvm.compile(model, "llvm")(x), want)

@@ -15,6 +15,7 @@ from .is_inf import IsInf
 from .layer_normalization import LayerNormalization
 from .mod import Mod
 from .negative_log_likelihood_loss import NegativeLogLikelihoodLoss
+from .reduce_extremes import ReduceMax, ReduceMin
 from .softmax_cross_entropy_loss import SoftmaxCrossEntropyLoss
 
 CONVERTERS = {
@@ -29,6 +30,8 @@ CONVERTERS = {
     "MatMul": MatMul,
     "Mod": Mod,
     "NegativeLogLikelihoodLoss": NegativeLogLikelihoodLoss,
+    "ReduceMax": ReduceMax,
+    "ReduceMin": ReduceMin,
     "SoftmaxCrossEntropyLoss": SoftmaxCrossEntropyLoss,
 }
 
