@@ -74,13 +74,15 @@ def test_one_compile_serves_other_batches_and_lengths(llama):
 def test_eos_pads_finished_sequences_as_transformers(llama):
     model, lm = llama
     ids, mask = _prompts(2, 3)
+    start = ids.shape[1]
     free = lm.generate(ids, NEW, attention_mask=mask, eos_token_id=[])
-    eos = int(free[0, ids.shape[1] + 2])  # the third new token of the first sequence
+    eos = int(free[0, start + 2])  # the third new token of the first sequence
+    end = start + free[0, start:].tolist().index(eos)  # (its first place)
     out = lm.generate(ids, NEW, attention_mask=mask, eos_token_id=eos, pad_token_id=1)
     ref = _reference(model, ids, mask, eos_token_id=eos, pad_token_id=1)
     assert torch.equal(out, ref)
-    assert int(out[0, ids.shape[1] + 2]) == eos
-    assert (out[0, ids.shape[1] + 3 :] == 1).all()  # padding after the end, as transformers
+    assert int(out[0, end]) == eos
+    assert (out[0, end + 1 :] == 1).all()  # padding after the end, as transformers
 
 
 def test_sampling_warpers(llama):
@@ -148,7 +150,7 @@ def test_the_module_is_not_changed(gpt2):
 
 def test_cli_generate(gpt2, monkeypatch, capsys):
     model, lm = gpt2
-    import plus_tvm.lm.compile_lm as module
+    import plus_tvm.lm.build as module
 
     monkeypatch.setattr(module, "compile_lm", lambda *args, **kwargs: lm)  # (compiled above)
     rc = cli_main(

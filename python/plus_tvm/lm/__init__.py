@@ -3,7 +3,7 @@ prefill and decode steps once for every batch and length within limits; :class:`
 generates with them as transformers' ``generate`` does (docs/generation.md). torch is imported
 when they are used, not with this package."""
 
-from .compile_lm import compile_lm
+from .build import compile_lm
 
 __all__ = ["CompiledLM", "compile_lm"]
 

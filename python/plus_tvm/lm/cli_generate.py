@@ -59,7 +59,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     from ..options import Options
-    from .compile_lm import compile_lm
+    from .build import compile_lm
     from .models import load_causal_lm
 
     model = load_causal_lm(args.model, seed=args.seed)
