@@ -95,6 +95,32 @@ def test_numpy_bfloat16_in_numpy_out():
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_a_half_convolution_takes_its_batch_norm_and_relu(dtype):
+    """Conv + BatchNorm + ReLU in half precision: one library call each (the BatchNorm computed
+    in float32, not folded into the half weight), as accurate as torch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 3, padding=1),
+        torch.nn.BatchNorm2d(16),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 1, bias=False),
+        torch.nn.BatchNorm2d(16),
+    ).eval()
+    with torch.no_grad():
+        for bn in (model[1], model[4]):
+            bn.running_mean.normal_(0, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.uniform_(0.5, 1.5)
+    x = torch.randn(1, 8, 12, 12)
+    plus_err, torch_err, _ = _errors(model, (x,), DTYPES[dtype])
+    assert plus_err <= 2 * torch_err + FLOOR[dtype], (plus_err, torch_err)
+    half = copy.deepcopy(model).to(DTYPES[dtype])
+    stats = plus_tvm.inspect(half, example_args=(x.to(DTYPES[dtype]),))
+    assert stats["kernel_names"].get("plus.conv2d") == 2
+    assert not [g for g in stats["groups"] if "batch_norm" in g["ops"]], stats["groups"]
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_nan_goes_through_max_and_relu_in_half(dtype):
     model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.MaxPool1d(2))
     x = torch.tensor([[[1.0, float("nan"), -2.0, 3.0]]], dtype=DTYPES[dtype])

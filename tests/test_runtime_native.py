@@ -120,6 +120,11 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * scale, equal_nan=True)
 
 
+BF16 = pytest.mark.skipif(
+    "bfloat16" not in native.cpu_dtypes(), reason="the CPU computes no bfloat16 natively"
+)
+
+
 SHAPES = [
     # cin, cout, k, stride, padding (t, l, b, r), dilation, groups, image
     (3, 8, 3, 2, (0, 0, 1, 1), 1, 1, 11),  # TF "same" stride 2: one-sided padding
@@ -517,6 +522,55 @@ def test_conv2d_native_winograd_only_where_it_wins():
         close(got, reference(x, w, None, None, None, cfg))
 
 
+@BF16
+@pytest.mark.parametrize(
+    "bias,bn,act,residual,post_act,k,groups",
+    [
+        (True, False, "relu", False, "none", 3, 1),
+        (False, True, "relu", False, "none", 3, 1),
+        (True, True, "relu6", True, "relu", 1, 1),
+        (True, True, "silu", False, "none", 3, 8),  # depthwise
+        (False, False, "none", True, "none", 3, 1),
+    ],
+)
+def test_conv2d_native_bfloat16(bias, bn, act, residual, post_act, k, groups):
+    """A bfloat16 convolution runs natively: float32 accumulation, the BatchNorm as float32
+    post-ops (not folded into the bfloat16 weight), one rounding; equal to the Python kernel's
+    (torch's order: the convolution rounded, the BatchNorm in float32, rounded)."""
+    torch.manual_seed(k + groups + 2 * bn)
+    c, oc, image = 8, 8 if groups > 1 else 16, 9
+    x = torch.randn(1, image, image, c).bfloat16()  # NHWC
+    w = (torch.randn(oc, c // groups, k, k) * 0.3).bfloat16()
+    inputs = [x, w]
+    cfg = f"layout=nhwc;padding={k // 2};groups={groups};act={act};post_act={post_act}"
+    if bias:
+        inputs.append(torch.randn(oc).bfloat16())
+        cfg += ";bias=1"
+    if bn:
+        gamma, beta = torch.rand(oc) + 0.5, torch.randn(oc)
+        mean, var = torch.randn(oc) * 0.1, torch.rand(oc) + 0.5
+        inputs += [t.bfloat16() for t in (gamma, beta, mean, var)]
+        cfg += ";bn=1;bn_eps=1e-5"
+    out_shape = (1, image, image, oc)
+    if residual:
+        inputs.append(torch.randn(*out_shape).bfloat16())
+        cfg += ";residual=1"
+    # torch's float32 computation of the same rounded tensors
+    f = [t.float() for t in inputs]
+    y = F.conv2d(f[0].permute(0, 3, 1, 2), f[1], f[2] if bias else None, 1, k // 2, 1, groups)
+    if bn:
+        g, b, m, v = f[2 + bias : 6 + bias]
+        y = F.batch_norm(y, m, v, g, b, False, 0.0, 1e-5)
+    y = ACT[act](y)
+    if residual:
+        y = y + f[-1].permute(0, 3, 1, 2)
+    want = ACT[post_act](y).permute(0, 2, 3, 1)
+    (got,), fallbacks = run_kernel("plus.conv2d", inputs, cfg, [out_shape])
+    assert fallbacks == 0
+    close_half(got, want.bfloat16())
+    close_half(got, python_kernel("plus.conv2d", inputs, cfg, [out_shape])[0])
+
+
 def test_conv2d_native_falls_back_to_python_for_what_it_does_not_run():
     x, w = torch.randn(1, 4, 6, 6), torch.randn(8, 4, 3, 3)
     fn = conv_vm([(1, 4, 6, 6), (8, 4, 3, 3)], "layout=nchw;padding=1", (1, 8, 6, 6))
@@ -675,11 +729,6 @@ def close_half(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(
         got.float(), want.float(), rtol=2.0**-7, atol=2.0**-7 * scale, equal_nan=True
     )
-
-
-BF16 = pytest.mark.skipif(
-    "bfloat16" not in native.cpu_dtypes(), reason="the CPU computes no bfloat16 natively"
-)
 
 
 @pytest.mark.parametrize("layout", ["nk", "kn"])

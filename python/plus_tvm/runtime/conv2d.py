@@ -99,14 +99,17 @@ class Conv2d(LibraryKernel):
     statistics tensors follow the bias and the kernel convolves with ``W * s`` and adds
     ``(bias - mean) * s + beta``, ``s = gamma / sqrt(var + bn_eps)``. The folded weight and bias
     are computed once per set of parameter tensors (kept alive by the cache, like a prepacked
-    weight) and never per call; parameters changed in place need ``clear_caches()``.
+    weight) and never per call; parameters changed in place need ``clear_caches()``. In
+    float16 / bfloat16 the BatchNorm is not folded: it computes in float32 on the convolution's
+    result (see :meth:`_half_batch_norm`; the native kernel runs it as float32 post-ops).
     """
 
     name = "plus.conv2d"
     spec = CONV2D_SPEC
     cpu_gflops = 350.0  # ResNet-50's layers: 200-475 (1x1 layers lowest)
-    # the dtypes its native form (native/onednn_conv2d.cc) runs
-    native_dtypes = ("float32",)
+    # the dtypes its native form (native/onednn_conv2d.cc) runs, on CPUs that compute them
+    # natively (native.native_dtypes)
+    native_dtypes = ("float32", "bfloat16")
     cuda_gflops = 15000.0
 
     def probe(self, rand):  # noqa: ANN001, ANN201
@@ -128,6 +131,39 @@ class Conv2d(LibraryKernel):
         super().forget(data_ptr)
         for key in [k for k, hit in list(self.folded.items()) if _holds(hit[0], data_ptr)]:
             self.folded.pop(key, None)
+
+    def _affine(self, cfg, bias, stats) -> tuple[torch.Tensor, torch.Tensor]:
+        """A half call's BatchNorm as float32 ``(s, (bias - mean) * s + beta)`` per channel,
+        computed once per set of parameter tensors."""
+        key = ("affine", *((t.data_ptr(), tuple(t.shape)) for t in stats)) + (
+            (bias.data_ptr(),) if bias is not None else (None,),
+            cfg.bn_eps,
+        )
+        hit = self.folded.get(key)
+        if hit is None:
+            gamma, beta, mean, var = (t.float() for t in stats)
+            scale = gamma / torch.sqrt(var + cfg.bn_eps)
+            b0 = bias.float() if bias is not None else torch.zeros_like(mean)
+            hit = ((bias, *stats), scale, (b0 - mean) * scale + beta)
+            self.folded[key] = hit
+        return hit[1], hit[2]
+
+    def _half_batch_norm(self, cfg, x, w, bias, stats, residual, out) -> None:
+        """A half convolution and its BatchNorm as torch computes them: the convolution
+        rounded once to the half dtype, the BatchNorm in float32 and rounded once (folding it
+        into the half weight would round the weight once more: MobileNetV2 in float16 was 3x
+        torch's error), then the activations and the residual in the half dtype."""
+        scale, shift = self._affine(cfg, None, stats)
+        xs, padding = self._symmetric(cfg, x)
+        y = F.conv2d(xs, w, bias, cfg.stride, padding, cfg.dilation, cfg.groups)
+        shape = (-1, 1, 1)  # the channel axis of the NCHW(-shaped) result
+        y = torch.addcmul(shift.view(shape), y.float(), scale.view(shape)).to(y.dtype)
+        apply_activation_(y, cfg.act)
+        if residual is not None:
+            torch.add(y, residual, out=out)
+        else:
+            out.copy_(y)
+        apply_activation_(out, cfg.post_act)
 
     def _fold(self, cfg, w, bias, stats) -> tuple[torch.Tensor, torch.Tensor]:
         key = tuple((t.data_ptr(), tuple(t.shape)) for t in (w, *stats)) + (
@@ -280,13 +316,17 @@ class Conv2d(LibraryKernel):
         x, w = inputs[0], inputs[1]
         rest = list(inputs[2:])
         bias = rest.pop(0) if cfg.bias else None
-        if cfg.bn:
-            stats = [rest.pop(0) for _ in range(4)]
+        stats = [rest.pop(0) for _ in range(4)] if cfg.bn else None
+        half = x.dtype in (torch.float16, torch.bfloat16)
+        if stats is not None and not half:
             w, bias = self._fold(cfg, w, bias, stats)
         residual = rest.pop(0) if cfg.residual else None
         if cfg.layout == "nhwc":  # NCHW views with channels-last strides: ATen keeps them
             x, out = _nchw_view(x), _nchw_view(out)
             residual = _nchw_view(residual) if residual is not None else None
+        if stats is not None and half:
+            self._half_batch_norm(cfg, x, w, bias, stats, residual, out)
+            return
         args = (x, w, bias, residual, out)
         if cfg.post_act != "none":  # the activation after the residual add: on out, in place
             self._aten(cfg, *args)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
+import numpy as np
+import tvm
 from tvm import relax
 
 from ...runtime.conv2d import CONV2D_SPEC
@@ -16,11 +19,13 @@ from .common import (
     LibraryCall,
     activation_of,
     classify_add,
+    dtype_of,
     half_accumulation,
     pre_binding,
     rounds_to,
     shape_of,
     take_add,
+    widened,
 )
 
 # data layout -> (config value, channel axis of the activations)
@@ -132,8 +137,9 @@ class _Epilogue:
         while True:
             # past a folded BatchNorm (which +Graphs do not cover) the chain leaves the match
             nxt = ctx.follow_outside(self.cur) if self.stats is not None else ctx.follow(self.cur)
-            if nxt is None and self.stats is None and self.act == "none" and self.residual is None:
-                if self.batch_norm():
+            # (a half model's BatchNorm starts with the widening cast, which the match may hold)
+            if (nxt is None or self.half is not None) and self.stats is None:
+                if self.act == "none" and self.residual is None and self.batch_norm():
                     continue
             if nxt is None and self.written_out_activation():
                 continue
@@ -182,19 +188,29 @@ class _Epilogue:
 
     def batch_norm(self) -> bool:
         """``bn = batch_norm(cur, ...); y = bn[0]`` with weight statistics on the channel axis
-        and nothing else using ``bn``: folded into the convolution."""
+        and nothing else using ``bn``: folded into the convolution. In a half model the
+        BatchNorm computes in float32 between two casts (``astype(cur, "float32")``, the
+        statistics widened, ``astype(bn[0], half)``): the call takes the half statistics and
+        computes it in float32 on the convolution's result (the kernel does not fold it into
+        the half weight, which would round it once more than torch does)."""
         ctx = self.ctx
+        start, widen = self.cur, []
         if self.half is not None:
-            # folding into half-precision weights rounds them once more than torch does (it
-            # runs the BatchNorm after the convolution): MobileNetV2 in float16 was 3x torch's
-            # error; the BatchNorm stays an element-wise kernel in the model's dtype
-            return False
-        bn = ctx.follow_outside(self.cur)
+            cast = ctx.follow_outside(start)
+            if cast is None or not self._widens(cast):
+                return False
+            start, widen = cast, [cast]
+        bn = ctx.follow_outside(start)
         if bn is None or ctx.op(bn) != "relax.nn.batch_norm":
             return False
         call = ctx.call(bn)
         at = call.attrs
-        if int(at.axis) % 4 != self.axis or not all(ctx.is_weight(a) for a in call.args[1:5]):
+        stats = list(call.args[1:5])
+        if self.half is not None:
+            stats = [self._half_stat(a) for a in stats]
+        if int(at.axis) % 4 != self.axis or not all(
+            a is not None and ctx.is_weight(a) for a in stats
+        ):
             return False
         if not (bool(at.center) and bool(at.scale)) or getattr(at, "training", False):
             return False
@@ -207,11 +223,41 @@ class _Epilogue:
             return False
         if item in self.absorbed:
             return False
-        self.stats = list(call.args[1:5])
+        ends = [item]
+        if self.half is not None:  # the float32 BatchNorm's rounding back to the half dtype
+            rounding = ctx.follow_outside(item)
+            if rounding is None or not rounds_to(ctx, rounding, self.half):
+                return False
+            ends.append(rounding)
+        self.stats = stats
         self.eps = float(at.epsilon)
-        self.absorbed += [bn, item]
-        self.cur = item
+        self.absorbed += [*widen, bn, *ends]
+        self.cur = ends[-1]
         return True
+
+    def _half_stat(self, expr: relax.Expr) -> relax.Expr | None:
+        """A half BatchNorm's statistic in the half dtype: the tensor behind its widening, or
+        a float32 constant the compiler widened, narrowed back where that is exact (else
+        None: the BatchNorm stays an element-wise kernel)."""
+        source = widened(self.ctx, expr, self.half)
+        if source is not None or not isinstance(expr, tvm.ir.expr.Constant):
+            return source
+        if dtype_of(expr) != "float32":
+            return None
+        wide = expr.value.numpy()
+        narrow = wide.astype(ml_dtypes.bfloat16 if self.half == "bfloat16" else np.float16)
+        if not np.array_equal(narrow.astype(np.float32), wide, equal_nan=True):
+            return None
+        return relax.const(narrow, self.half)
+
+    def _widens(self, index: int) -> bool:
+        """Binding ``index`` is ``astype(cur, "float32")`` of the half result."""
+        ctx = self.ctx
+        return (
+            ctx.op(index) == "relax.astype"
+            and ctx.call(index).args[0].same_as(ctx.var(self.cur))
+            and str(ctx.var(index).ty.dtype) == "float32"
+        )
 
 
 # the warehouse implementation names this module binds

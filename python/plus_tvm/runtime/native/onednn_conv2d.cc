@@ -1,7 +1,8 @@
 // plus.conv2d on oneDNN, called by TVM's VM without crossing into Python.
 //
 // The fast path of the ``plus.conv2d`` library kernel (../conv2d.py holds the contract and the
-// reference implementation): fp32 CPU tensors in the channels-last layout (``layout=nhwc``: x
+// reference implementation): CPU tensors of one dtype the Python kernel names as native
+// (``native_dtypes()``) in the channels-last layout (``layout=nhwc``: x
 // ``[N, H, W, C]``, out ``[N, OH, OW, O]``; the weight as the model holds it, OIHW), with the
 // bias, a folded inference BatchNorm, the activation, the residual add and an activation after
 // it as oneDNN post-ops, and asymmetric padding done by the convolution itself. The result is
@@ -11,6 +12,13 @@
 // ReLU6 runs as oneDNN's own (max / min) under the NaN guard (nan_guard.h), and again in the
 // NaN-keeping form only when a NaN reached it. A SiLU that is the last operation runs as a pass
 // over the output after the convolution (silu_pass.h: oneDNN's swish post-op is slower).
+//
+// In bfloat16 / float16 the convolution accumulates in float32 and every epilogue computes in
+// float32 before the one rounding into ``out``: the BatchNorm is not folded into the half
+// weight (that rounds it once more than torch, which rounds the convolution's result and runs
+// the BatchNorm in float32) but applied as two per-channel float32 post-ops, ``* s`` and
+// ``+ (bias - mean) * s + beta``, ``s = gamma / sqrt(var + eps)``, computed once per set of
+// parameter tensors. Winograd and the SiLU pass are float32 only (their code is).
 //
 // Caches: parsed configs by config string; primitives by (config, input shape, weight shape);
 // packed (and BatchNorm-folded) weights by (primitive, data pointers of the weight tensors),
@@ -89,6 +97,11 @@ struct Variant {
 
 struct Plan {
   memory::desc src, weights, user_weights, bias, dst;
+  memory::data_type dt = memory::data_type::f32;  // of every tensor of the call
+  // a half call's BatchNorm as post-ops: the binary post-ops' arguments, the desc of both
+  bool bn_post_ops = false;
+  int bn_scale_arg = 0, bn_shift_arg = 0;
+  memory::desc bn_channels;
   Variant exact;          // the activations as the config asks
   Variant fast;           // with oneDNN's own ReLU / clip, run under the NaN guard
   bool guarded = false;   // fast exists, takes the same packed weights and passed Verified
@@ -112,11 +125,13 @@ class Conv2d : public KernelBase {
     const DLTensor* x = t[0];
     const DLTensor* w = t[1];
     const DLTensor* y = call.out;
-    if (!IsCpuF32Compact(y) || y->ndim != 4 || x->ndim != 4 || w->ndim != 4) {
+    memory::data_type dt;
+    if (!CallType(x, &dt) || !IsCpuCompactOf(y, dt) || y->ndim != 4 || x->ndim != 4 ||
+        w->ndim != 4) {
       return Fallback(args, rv);
     }
-    for (int i = 0; i < call.num_inputs; ++i) {
-      if (!IsCpuF32Compact(t[i])) return Fallback(args, rv);
+    for (int i = 1; i < call.num_inputs; ++i) {
+      if (!IsCpuCompactOf(t[i], dt)) return Fallback(args, rv);
     }
     int k = 2;
     const DLTensor* bias = cfg->bias ? t[k++] : nullptr;
@@ -127,6 +142,7 @@ class Conv2d : public KernelBase {
 
     IntKey key;
     key.Add(reinterpret_cast<int64_t>(cfg));
+    key.Add(static_cast<int64_t>(dt));
     for (int i = 0; i < 4; ++i) key.Add(x->shape[i]);
     for (int i = 0; i < 4; ++i) key.Add(w->shape[i]);
     for (const DLTensor* weight : {w, bias, stats[0], stats[1], stats[2], stats[3]}) {
@@ -134,7 +150,7 @@ class Conv2d : public KernelBase {
     }
     Bound bound = FindOrMake(&bound_, key, [&]() {
       Bound made;
-      made.plan = GetPlan(*cfg, x, w);
+      made.plan = GetPlan(*cfg, x, w, dt);
       made.packed = GetPacked(args, made.plan, *cfg, w, bias, stats);
       return made;
     });
@@ -165,7 +181,10 @@ class Conv2d : public KernelBase {
       exec.Add(DNNL_ARG_SRC, ThreadMemory(owner, 0, plan.src, DataOf(x)));
       exec.Add(DNNL_ARG_WEIGHTS, bound.packed->parts[0]);
       exec.Add(DNNL_ARG_DST, ThreadMemory(owner, 1, plan.dst, DataOf(y)));
-      if (bound.packed->parts.size() > 1) {
+      if (plan.bn_post_ops) {  // a half call's BatchNorm (its bias inside the shift)
+        exec.Add(plan.bn_scale_arg, bound.packed->parts[1]);
+        exec.Add(plan.bn_shift_arg, bound.packed->parts[2]);
+      } else if (bound.packed->parts.size() > 1) {
         exec.Add(DNNL_ARG_BIAS, bound.packed->parts[1]);  // folded with the BatchNorm
       } else if (bias != nullptr) {
         exec.Add(DNNL_ARG_BIAS, ThreadMemory(owner, 2, plan.bias, DataOf(bias)));
@@ -232,9 +251,11 @@ class Conv2d : public KernelBase {
     return true;
   }
 
-  std::shared_ptr<Plan> GetPlan(const ConvConfig& cfg, const DLTensor* x, const DLTensor* w) {
+  std::shared_ptr<Plan> GetPlan(const ConvConfig& cfg, const DLTensor* x, const DLTensor* w,
+                                memory::data_type dt) {
     IntKey key;
     key.Add(reinterpret_cast<int64_t>(&cfg));
+    key.Add(static_cast<int64_t>(dt));
     for (int i = 0; i < 4; ++i) key.Add(x->shape[i]);
     for (int i = 0; i < 4; ++i) key.Add(w->shape[i]);
     auto it = plans_.find(key);
@@ -249,16 +270,21 @@ class Conv2d : public KernelBase {
     int64_t ow = (wd + cfg.padding[1] + cfg.padding[3] - cfg.dilation[1] * (kw - 1) - 1) /
                      cfg.stride[1] + 1;
     auto plan = std::make_shared<Plan>();
-    plan->src = memory::desc({n, c, h, wd}, f32, tag::nhwc);
-    plan->dst = memory::desc({n, oc, oh, ow}, f32, tag::nhwc);
+    const bool f32_call = dt == f32;
+    plan->dt = dt;
+    plan->bn_post_ops = cfg.bn && !f32_call;
+    plan->src = memory::desc({n, c, h, wd}, dt, tag::nhwc);
+    plan->dst = memory::desc({n, oc, oh, ow}, dt, tag::nhwc);
     memory::dims wdims =
         g > 1 ? memory::dims{g, oc / g, c / g, kh, kw} : memory::dims{oc, c, kh, kw};
-    plan->user_weights = memory::desc(wdims, f32, g > 1 ? tag::goihw : tag::oihw);
-    plan->bias = memory::desc({oc}, f32, tag::a);
+    plan->user_weights = memory::desc(wdims, dt, g > 1 ? tag::goihw : tag::oihw);
+    // the bias as the call gives it; a folded float32 call's BatchNorm bias is float32 too
+    plan->bias = memory::desc({oc}, f32_call ? f32 : dt, tag::a);
+    plan->bn_channels = memory::desc({1, oc, 1, 1}, f32, tag::abcd);
     // a SiLU with nothing after it: the pass after the primitive instead of the post-op (or of
     // the Winograd epilogue)
     std::string first_op = cfg.act, last_op = cfg.post_act;  // the post-ops' activations
-    if (SiluPassAvailable()) {
+    if (SiluPassAvailable() && f32_call) {
       std::string& last = last_op != "none" || cfg.residual ? last_op : first_op;
       if (last == "silu") {
         last = "none";
@@ -268,7 +294,7 @@ class Conv2d : public KernelBase {
     Winograd::Act act, post_act;
     int tile = 0;
     const int64_t out_dims[4] = {n, oh, ow, oc};
-    if (cfg.winograd && Winograd::Suits(c, out_dims, kh, kw, cfg.stride, cfg.dilation, g,
+    if (cfg.winograd && f32_call && Winograd::Suits(c, out_dims, kh, kw, cfg.stride, cfg.dilation, g,
                                         first_op, last_op, &act, &post_act, &tile)) {
       plan->winograd =
           std::make_shared<Winograd>(n, h, wd, c, oc, cfg.padding, act, post_act, tile);
@@ -276,12 +302,18 @@ class Conv2d : public KernelBase {
       plans_.emplace(key, plan);
       return plan;
     }
-    memory::desc weights_any(wdims, f32, tag::any);
+    memory::desc weights_any(wdims, dt, tag::any);
     memory::dims strides{cfg.stride[0], cfg.stride[1]};
     memory::dims dilates{cfg.dilation[0] - 1, cfg.dilation[1] - 1};
     memory::dims pad_l{cfg.padding[0], cfg.padding[1]}, pad_r{cfg.padding[2], cfg.padding[3]};
     auto make = [&](bool nan, Variant* variant) {
       dnnl::post_ops ops;
+      if (plan->bn_post_ops) {  // (the same indices in both variants: nothing comes before)
+        plan->bn_scale_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
+        ops.append_binary(algorithm::binary_mul, plan->bn_channels);
+        plan->bn_shift_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
+        ops.append_binary(algorithm::binary_add, plan->bn_channels);
+      }
       AppendActivation(&ops, first_op, nan, &variant->prelu);
       if (cfg.residual) {
         variant->residual_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
@@ -294,7 +326,8 @@ class Conv2d : public KernelBase {
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       auto kind = dnnl::prop_kind::forward_inference;
       auto direct = algorithm::convolution_direct;
-      auto pd = (cfg.bias || cfg.bn)
+      bool with_bias = (cfg.bias || cfg.bn) && !plan->bn_post_ops;
+      auto pd = with_bias
                     ? dnnl::convolution_forward::primitive_desc(
                           Engine(), kind, direct, plan->src, weights_any, plan->bias, plan->dst,
                           strides, dilates, pad_l, pad_r, attr)
@@ -310,7 +343,11 @@ class Conv2d : public KernelBase {
         NanGuardAvailable() && make(false, &plan->fast) == plan->weights) {
       std::unordered_map<int, memory::desc> args{
           {DNNL_ARG_SRC, plan->src}, {DNNL_ARG_WEIGHTS, plan->weights}, {DNNL_ARG_DST, plan->dst}};
-      if (cfg.bias || cfg.bn) args.emplace(DNNL_ARG_BIAS, plan->bias);
+      if ((cfg.bias || cfg.bn) && !plan->bn_post_ops) args.emplace(DNNL_ARG_BIAS, plan->bias);
+      if (plan->bn_post_ops) {
+        args.emplace(plan->bn_scale_arg, plan->bn_channels);
+        args.emplace(plan->bn_shift_arg, plan->bn_channels);
+      }
       if (cfg.residual) args.emplace(plan->fast.residual_arg, plan->dst);
       if (plan->fast.scratchpad.get_size() > 0) {
         args.emplace(DNNL_ARG_SCRATCHPAD, plan->fast.scratchpad);
@@ -338,6 +375,7 @@ class Conv2d : public KernelBase {
     auto entry = std::make_shared<Packed>();
     entry->pointers = pointers;
     HoldSources(args, entry.get());
+    if (plan->bn_post_ops) return PackHalf(entry, key.str(), plan, cfg, w, bias, stats);
     const float* source = DataOf(w);
     std::vector<float> folded;
     dnnl::engine& eng = Engine();
@@ -373,6 +411,38 @@ class Conv2d : public KernelBase {
     if (cfg.bn) entry->parts.push_back(folded_bias);
     entry->bytes += plan->weights.get_size();
     InsertPacked(key.str(), entry);
+    return entry;
+  }
+
+  // A half call's packed weight (reordered as it is) and its BatchNorm as float32 per-channel
+  // scale and shift (the bias inside the shift): parts {weight, scale, shift}.
+  std::shared_ptr<Packed> PackHalf(std::shared_ptr<Packed> entry, const std::string& key,
+                                   const std::shared_ptr<Plan>& plan, const ConvConfig& cfg,
+                                   const DLTensor* w, const DLTensor* bias,
+                                   const DLTensor* const* stats) {
+    dnnl::engine& eng = Engine();
+    int64_t oc = w->shape[0];
+    std::vector<float> p[4], b0(oc, 0.f);
+    for (int s = 0; s < 4; ++s) {
+      p[s].resize(oc);
+      WidenToF32(DataOf(stats[s]), plan->dt, oc, p[s].data());
+    }
+    if (bias != nullptr) WidenToF32(DataOf(bias), plan->dt, oc, b0.data());
+    memory scale(plan->bn_channels, eng), shift(plan->bn_channels, eng);
+    float* sc = static_cast<float*>(scale.get_data_handle());
+    float* sh = static_cast<float*>(shift.get_data_handle());
+    for (int64_t o = 0; o < oc; ++o) {
+      sc[o] = p[0][o] / std::sqrt(p[3][o] + cfg.bn_eps);
+      sh[o] = (b0[o] - p[2][o]) * sc[o] + p[1][o];
+    }
+    memory user(plan->user_weights, eng, DataOf(w));
+    memory packed(plan->weights, eng);
+    dnnl::stream& strm = Stream();
+    dnnl::reorder(user, packed).execute(strm, user, packed);
+    strm.wait();
+    entry->parts = {packed, scale, shift};
+    entry->bytes = plan->weights.get_size() + 2 * oc * sizeof(float);
+    InsertPacked(key, entry);
     return entry;
   }
 
