@@ -2,15 +2,15 @@
 explicit tensors.
 
 ``LMStep.forward(input_ids, attention_mask, position_ids, past)`` builds transformers'
-``DynamicCache`` from ``past`` (one key and one value tensor per layer, laid out
+``DynamicCache`` over ``past`` (one key and one value tensor per layer, laid out
 ``[length, batch, kv_heads, head_dim]`` so that a prefix of a longer buffer is contiguous;
-its last ``new`` positions are the slots of the new tokens, not read, so that the past, the
-attention mask and the attention all have one symbolic length), runs the model on the new
-tokens, and returns the logits of the last position and the keys and values of the new
-positions only (``[new, batch, kv_heads, head_dim]``), which the caller writes into its
-buffer. Everything the model does with the cache (rotary positions, sliding windows, ALiBi,
-multi-query heads, masks of left-padded prompts) is the model's own code, traced by
-``torch.export``.
+in a decode step its last position is the slot of the new token, not read, written by a select
+(:func:`slot_layer`), so that the past, the attention mask and the attention all have one
+symbolic length), runs the model on the new tokens, and returns the logits of the last
+position and the keys and values of the new positions only (``[new, batch, kv_heads,
+head_dim]``), which the caller writes into its buffer. Everything the model does with the
+cache (rotary positions, sliding windows, ALiBi, multi-query heads, masks of left-padded
+prompts) is the model's own code, traced by ``torch.export``.
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ class LMStep(nn.Module):
         from transformers import DynamicCache
 
         new = input_ids.shape[1]
-        if past:  # the last ``new`` positions of ``past`` are the slots the new tokens fill
+        if past:  # the last position of ``past`` is the slot the new token fills
             known = past[0].shape[0] - new
-            layers = [
-                (_heads_first(past[i], known), _heads_first(past[i + 1], known))
+            cache = DynamicCache()
+            cache.layers = [
+                slot_layer(_heads_first(past[i]), _heads_first(past[i + 1]), known)
                 for i in range(0, len(past), 2)
             ]
-            cache = DynamicCache(ddp_cache_data=layers)
         else:
             cache = DynamicCache()
             known = 0
@@ -95,7 +95,37 @@ class LMStep(nn.Module):
         return (logits[:, -1, :], *fresh)
 
 
-def _heads_first(past: torch.Tensor, known: int) -> torch.Tensor:
-    """The first ``known`` positions of ``[length, batch, heads, dim]`` (as the cache holds
-    them) as ``[batch, heads, known, dim]`` (as transformers' cache layers hold them)."""
-    return past.narrow(0, 0, known).permute(1, 2, 0, 3)
+def _heads_first(past: torch.Tensor) -> torch.Tensor:
+    """``[length, batch, heads, dim]`` as the cache holds it, ``[batch, heads, length, dim]`` as
+    transformers' cache layers hold it."""
+    return past.permute(1, 2, 0, 3)
+
+
+def slot_layer(keys: torch.Tensor, values: torch.Tensor, known: object) -> object:
+    """A transformers cache layer over ``[batch, heads, known + 1, dim]`` keys and values whose
+    last position is the new token's slot: ``update`` writes the new token there by a select,
+    not a concatenation, so that every length in the step is the one symbolic length of the
+    inputs (a concatenation's ``(length - 1) + 1`` is a length TVM's shape inference cannot
+    prove equal to the mask's: BLOOM's ALiBi scores lost their shape)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class SlotLayer(DynamicLayer):
+        def get_seq_length(self) -> object:
+            return known
+
+        def update(self, key_states, value_states, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+            if key_states.shape[-2] != 1:
+                raise ModelLoadError("compile_lm: a decode step takes one new token")
+            slot = (torch.arange(self.keys.shape[-2], device=self.keys.device) == known)[:, None]
+            self.keys = torch.where(slot, key_states, self.keys)
+            self.values = torch.where(slot, value_states, self.values)
+            return self.keys, self.values
+
+    layer = SlotLayer()
+    layer.keys, layer.values, layer.device, layer.is_initialized = (
+        keys,
+        values,
+        keys.device,
+        True,
+    )
+    return layer
