@@ -7,6 +7,7 @@ error (max |err| / max |ref|) is at most twice torch eager's own, plus a small f
 from __future__ import annotations
 
 import copy
+import math
 
 import ml_dtypes
 import numpy as np
@@ -118,6 +119,28 @@ def test_a_half_convolution_takes_its_batch_norm_and_relu(dtype):
     stats = plus_tvm.inspect(half, example_args=(x.to(DTYPES[dtype]),))
     assert stats["kernel_names"].get("plus.conv2d") == 2
     assert not [g for g in stats["groups"] if "batch_norm" in g["ops"]], stats["groups"]
+
+
+class _NewGelu(torch.nn.Module):
+    """GPT-2's ``gelu_new``, written out (its constants round to the half dtype)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))
+        return 0.5 * x * (1.0 + torch.tanh(inner))
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_a_written_out_gelu_joins_the_half_linear(dtype):
+    """gelu_new in a half model (its constants rounded, its pow in float32 between casts) is
+    recognised as the linear's tanh GELU epilogue: no element-wise kernel is left."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), _NewGelu(), torch.nn.Linear(64, 32))
+    x = torch.randn(4, 32)
+    plus_err, torch_err, _ = _errors(model.eval(), (x,), DTYPES[dtype])
+    assert plus_err <= 2 * torch_err + FLOOR[dtype], (plus_err, torch_err)
+    half = copy.deepcopy(model).to(DTYPES[dtype])
+    stats = plus_tvm.inspect(half, example_args=(x.to(DTYPES[dtype]),))
+    assert stats["kernel_names"] == {"plus.linear": 2}, stats["kernel_names"]
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
