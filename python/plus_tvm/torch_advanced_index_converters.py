@@ -155,7 +155,7 @@ def index_tensor(node: Any, importer: Any) -> relax.Expr:
     """``aten.index.Tensor(x, indices)``: ``x[indices]`` (None entries are slices)."""
     bb = importer.block_builder
     x = importer.env[node.args[0]]
-    if x.ty.shape is None:  # a shape Relax does not know (a host result): 0.27's own form
+    if x.ty.shape is None:  # a shape Relax does not know: 0.27's own converter
         from .torch_fixes import _original
 
         return _original(importer, "index.Tensor")(node)
@@ -237,7 +237,7 @@ def index_put(node: Any, importer: Any) -> relax.Expr:
     indices = node.args[1] if len(node.args) > 1 else node.kwargs["indices"]
     accumulate = bool(node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False))
     raw_values = node.args[2] if len(node.args) > 2 else node.kwargs["values"]
-    if x.ty.shape is None:  # a shape Relax does not know (a host result): 0.27's own form
+    if x.ty.shape is None:  # a shape Relax does not know: 0.27's own converter
         from .torch_fixes import _original
 
         return _original(importer, "index_put.default")(node)
