@@ -150,6 +150,10 @@ def build_library(
         The compiler could not start or failed (with the end of its output).
     """
     partial = library.with_name(f"{library.name}.{os.getpid()}.partial")
+    # the digest of the sources as they were before the compiler read them: a source changed
+    # during the build then makes the manifest disagree with the sources, and the library is
+    # rebuilt rather than loaded as what it is not
+    read = sources_digest(source_dir, sources, flags)
     full = [*command(tools, source_dir, sources, flags, rpaths), "-o", str(partial)]
     try:
         result = subprocess.run(full, capture_output=True, text=True, check=False)
@@ -159,7 +163,7 @@ def build_library(
         partial.unlink(missing_ok=True)
         tail = (result.stdout + result.stderr)[-4000:]
         raise NativeUnavailableError(f"compiling failed ({' '.join(full)}):\n{tail}")
-    info = build_info(partial, tools, source_dir, sources, flags)
+    info = dict(build_info(partial, tools, source_dir, sources, flags), sources=read)
     os.replace(partial, library)
     write_manifest(library, dict(info, file=library.name))
 
