@@ -44,16 +44,12 @@ def bench_generate(
         return lambda: lm.generate(input_ids, n, attention_mask=mask, eos_token_id=[])
 
     def hf(n: int) -> Callable[[], object]:
+        settings = copy.deepcopy(config)
+        settings.max_new_tokens, settings.min_new_tokens, settings.do_sample = n, n, False
+
         def run() -> object:
             with torch.no_grad():
-                return model.generate(
-                    input_ids,
-                    attention_mask=mask,
-                    max_new_tokens=n,
-                    min_new_tokens=n,
-                    do_sample=False,
-                    generation_config=config,
-                )
+                return model.generate(input_ids, attention_mask=mask, generation_config=settings)
 
         return run
 
