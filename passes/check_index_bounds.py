@@ -151,6 +151,21 @@ class _Checker:
             expr = value.args[0]
         return False
 
+    def _constant_through_views(self, index: relax.Expr) -> relax.Expr:
+        """The constant ``index`` is a view of (views keep every value: a torch index tensor
+        placed on its axes by ``expand_dims``), else ``index``."""
+        expr = index
+        for _ in range(16):  # (view chains are short)
+            if isinstance(expr, tvm.ir.expr.Constant):
+                return expr
+            value = self.values.get(expr)
+            if isinstance(value, tvm.ir.expr.Constant):
+                return value
+            if op_name(value) not in _VIEWS:
+                return index
+            expr = value.args[0]
+        return index
+
     def _applies(self, call: relax.Call) -> bool:
         if op_name(call) == "relax.take":
             return str(call.attrs.mode) != "clip"
@@ -171,8 +186,9 @@ class _Checker:
             return index
         if self._checked_before(index, extents, negative, how.last):
             return index
-        if isinstance(index, tvm.ir.expr.Constant):
-            _check_constant(index, extents, negative, how.last, where)
+        constant = index if how.last else self._constant_through_views(index)
+        if isinstance(constant, tvm.ir.expr.Constant):  # checked here: a compile-time error
+            _check_constant(constant, extents, negative, how.last, where)
             return _normalised(index, extents, how.normalise, how.last, bb)
         before = normalised_source(index, self.values)
         if before is not None and (_static(extents) is not None or not how.last):

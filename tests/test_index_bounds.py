@@ -66,7 +66,7 @@ TORCH_CASES = {
     "gather": (Gather(), lambda v: (X, _long((10, 2), v)), 4, "gather"),
     "scatter": (Scatter(), lambda v: (X, _long((1, 4), v), torch.ones(1, 4)), 10, "scatter"),
     "index_select": (IndexSelect(), lambda v: (X, _long((3,), v)), 10, "index_select"),
-    "index": (Index(), lambda v: (X, _long((3,), v)), 10, "take"),
+    "index": (Index(), lambda v: (X, _long((3,), v)), 10, "index_tensor"),
     "advanced_index": (
         AdvancedIndex(),
         lambda v: (X, _long((3,), v), torch.tensor([0, -1, 3])),
@@ -175,7 +175,7 @@ def test_a_constant_index_out_of_range_fails_the_compile():
         def forward(self, x):
             return x[torch.tensor([3, 12])]
 
-    with pytest.raises(IndexOutOfRangeError, match=r"take.*index 12"):
+    with pytest.raises(IndexOutOfRangeError, match=r"index_tensor.*index 12"):
         plus_tvm.compile(Constant(), example_args=(X,))
 
 
