@@ -128,15 +128,23 @@ class _Checker:
             args[how.position] = checked
         return relax.Call(call.op, args, call.attrs, call.ty_args)
 
+    def _view_chain(self, expr: relax.Expr):  # noqa: ANN202 - a generator of pairs
+        """``(expr, its bound value)``, then the same for the source of every view ``expr`` is
+        (views keep every value), until a value that is not a view."""
+        for _ in range(16):  # (view chains are short)
+            value = self.values.get(expr)
+            yield expr, value
+            if op_name(value) not in _VIEWS:
+                return
+            expr = value.args[0]
+
     def _checked_before(
         self, index: relax.Expr, extents: list, negative: bool, last: bool
     ) -> bool:
         """``index`` holds values a check of this range, or a narrower one, already passed:
         the frontend's (torch's embedding ids, checked before their reshape), or an earlier
         op's. Views keep every value; a coordinate axis (``last``) is taken as it is."""
-        expr = index
-        for _ in range(16):  # (view chains are short)
-            value = self.values.get(expr)
+        for _, value in self._view_chain(index):
             if is_index_check(value):
                 fields = index_check.parse(str(value.args[3].value))
                 seen = list(value.args[2].values)
@@ -146,24 +154,17 @@ class _Checker:
                     and fields.get("last") == str(int(last))
                     and (negative or fields.get("neg") == "0")
                 )
-            if last or op_name(value) not in _VIEWS:
+            if last:
                 return False
-            expr = value.args[0]
         return False
 
     def _constant_through_views(self, index: relax.Expr) -> relax.Expr:
-        """The constant ``index`` is a view of (views keep every value: a torch index tensor
-        placed on its axes by ``expand_dims``), else ``index``."""
-        expr = index
-        for _ in range(16):  # (view chains are short)
-            if isinstance(expr, tvm.ir.expr.Constant):
-                return expr
-            value = self.values.get(expr)
-            if isinstance(value, tvm.ir.expr.Constant):
-                return value
-            if op_name(value) not in _VIEWS:
-                return index
-            expr = value.args[0]
+        """The constant ``index`` is a view of (a torch index tensor placed on its axes by
+        ``expand_dims``), else ``index``."""
+        for expr, value in self._view_chain(index):
+            for found in (expr, value):
+                if isinstance(found, tvm.ir.expr.Constant):
+                    return found
         return index
 
     def _applies(self, call: relax.Call) -> bool:
