@@ -51,3 +51,19 @@ def test_native_noise_is_dropped_and_everything_else_written_back():
     assert "Fast mode segfaults" not in err
     assert err.count("a line the user must see") == 4
     assert err.rstrip().endswith("after the capture")  # descriptor 2 restored
+
+
+def test_the_clis_capture_drops_everything_even_around_an_api_compile():
+    _, err = _stderr(
+        """
+        import os
+        from plus_tvm import quiet
+        with quiet.quiet():  # the CLI's
+            with quiet.filtered():  # plus_tvm.compile inside it
+                os.write(2, b"a native line inside the compile\\n")
+            os.write(2, b"a native line after it\\n")
+        os.write(2, b"after the capture\\n")
+        """
+    )
+    assert "native line" not in err
+    assert err.rstrip().endswith("after the capture")

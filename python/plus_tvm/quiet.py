@@ -3,9 +3,9 @@
 TVM's C++ code logs warnings straight to file descriptor 2 (``Warning: Fast mode segfaults when
 there are out-of-bounds indices``, ``Unknown pragma``), once per kernel, and torch /
 transformers emit FutureWarnings while exporting. :func:`quiet` sends descriptor 2 to a buffer
-while Python's own ``sys.stderr`` (error messages, progress bars) keeps the terminal, and
-ignores FutureWarning and DeprecationWarning. ``plus-tvm --verbose`` and ``scripts/demo
---verbose`` turn it off.
+(dropped at the end) while Python's own ``sys.stderr`` (error messages, progress bars) keeps
+the terminal, and ignores FutureWarning and DeprecationWarning. ``plus-tvm --verbose`` and
+``scripts/demo --verbose`` turn it off.
 
 The Python API (:func:`plus_tvm.compile`, :func:`plus_tvm.inspect`) uses :func:`filtered`
 instead: the same Python warnings are ignored, and what native code writes to descriptor 2 is
@@ -35,56 +35,57 @@ NOISE = (
 
 @contextlib.contextmanager
 def quiet(enabled: bool = True) -> Iterator[None]:
-    """Silence native stderr output and noisy Python warnings inside the block."""
-    if not enabled:
+    """Silence native stderr output and noisy Python warnings inside the block (the CLI)."""
+    with _ignored_warnings(enabled), _CAPTURE.held(enabled, keep=False):
         yield
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        with _native_stderr_to_buffer():
-            yield
 
 
 @contextlib.contextmanager
 def filtered(enabled: bool = True) -> Iterator[None]:
     """Ignore torch's / TVM's FutureWarning and DeprecationWarning and drop :data:`NOISE`
     lines from native stderr inside the block; everything else native code wrote comes back
-    to descriptor 2 when the block ends."""
+    to descriptor 2 when the block ends (the Python API)."""
+    with _ignored_warnings(enabled), _CAPTURE.held(enabled, keep=True):
+        yield
+
+
+@contextlib.contextmanager
+def _ignored_warnings(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        with _CAPTURE.held():
-            yield
+        yield
 
 
 class _SharedCapture:
-    """Descriptor 2 is one per process: compiles running in several threads share one capture,
-    taken by the first to enter and released (its kept lines written back) by the last to
-    leave, so no thread restores a descriptor another thread's capture put there."""
+    """Descriptor 2 is one per process: compiles running in several threads (and the CLI's
+    capture around them) share one capture, taken by the first to enter and released by the
+    last to leave, so no thread restores a descriptor another thread's capture put there. On
+    release the lines outside :data:`NOISE` are written back, unless a holder asked for
+    nothing back (``keep=False``: the CLI's ``quiet``)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.depth = 0
+        self.keep = True
         self.saved: int | None = None
         self.sink = None
         self.python_stderr = None
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self, enabled: bool, keep: bool) -> Iterator[None]:
         with self.lock:
-            if self.depth == 0 and not self._start():
-                yield_capture = False
-            else:
+            counted = enabled and (self.depth > 0 or self._start())
+            if counted:
                 self.depth += 1
-                yield_capture = True
+                self.keep = self.keep and keep
         try:
             yield
         finally:
-            if yield_capture:
+            if counted:
                 with self.lock:
                     self.depth -= 1
                     if self.depth == 0:
@@ -115,9 +116,10 @@ class _SharedCapture:
             sys.stderr, self.python_stderr = self.python_stderr, None
         os.dup2(saved, 2)
         os.close(saved)
+        keep, self.keep = self.keep, True
         with sink:
             sink.seek(0)
-            kept = _without_noise(sink.read())
+            kept = _without_noise(sink.read()) if keep else b""
         if kept:
             with contextlib.suppress(OSError):
                 os.write(2, kept)
@@ -129,32 +131,3 @@ _CAPTURE = _SharedCapture()  # descriptor 2 is process-wide state; so is its cap
 def _without_noise(data: bytes) -> bytes:
     lines = data.splitlines(keepends=True)
     return b"".join(ln for ln in lines if not any(n.encode() in ln for n in NOISE))
-
-
-@contextlib.contextmanager
-def _native_stderr_to_buffer() -> Iterator[None]:
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):  # no real descriptor 2 (a notebook)
-        yield
-        return
-    old_stderr = sys.stderr
-    try:
-        on_fd2 = old_stderr.fileno() == 2
-    except (OSError, ValueError, AttributeError):  # captured (pytest, a notebook): not fd 2
-        on_fd2 = False
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        if on_fd2:  # Python's own messages keep the terminal
-            sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1, closefd=True)
-        try:
-            yield
-        finally:
-            if on_fd2:
-                with contextlib.suppress(OSError, ValueError):
-                    sys.stderr.flush()
-                    sys.stderr.close()
-                sys.stderr = old_stderr
-            os.dup2(saved, 2)
-            os.close(saved)
