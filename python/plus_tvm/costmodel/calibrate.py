@@ -40,7 +40,7 @@ from tvm import relax
 from ..errors import TVM_FAILURE, PlusError, is_refusal
 from ..kernel_timing import random_args, signatures
 from ..options import Options
-from ..runtime import native
+from ..runtime import KERNELS, native
 from ..target import device_for
 from .corpus import TIR_FLOP_LIMIT, Program, programs
 from .features import gir_plan_features, subgraph_features, tir_features
@@ -355,8 +355,8 @@ def _kernel_us(lib: tvm.runtime.Module, name: str, dev: object, args: list) -> f
 
 
 def _library_calls(mod: tvm.IRModule) -> Iterator[tuple[relax.Call, relax.TensorType]]:
-    """Each ``call_dps_packed`` of a ``plus.*`` kernel in ``mod``'s Relax functions, with its
-    output type (single-output calls only)."""
+    """Each ``call_dps_packed`` of a library kernel (``runtime.KERNELS``) in ``mod``'s Relax
+    functions, with its output type (single-output calls only)."""
     for _, func in mod.functions_items():
         if not isinstance(func, relax.Function):
             continue
@@ -366,7 +366,7 @@ def _library_calls(mod: tvm.IRModule) -> Iterator[tuple[relax.Call, relax.Tensor
                 if (
                     isinstance(value, relax.Call)
                     and value.op.same_as(tvm.ir.Op.get("relax.call_dps_packed"))
-                    and str(value.args[0].global_symbol).startswith("plus.")
+                    and str(value.args[0].global_symbol) in KERNELS
                     and isinstance(binding.var.ty, relax.TensorType)
                 ):
                     yield value, binding.var.ty

@@ -46,12 +46,16 @@ def format_config(config: dict[str, object]) -> str:
 
 
 class Field:
-    """One config key: a parser from its text to a value, and the default when absent."""
+    """One config key: a parser from its text to a value, the default when absent, and
+    ``samples``: texts it takes (every value of a choice; for checking the C++ parsers)."""
 
-    def __init__(self, parse: Callable[[str], Any], default: Any, doc: str) -> None:
+    def __init__(
+        self, parse: Callable[[str], Any], default: Any, doc: str, samples: Sequence[str]
+    ) -> None:
         self.parse = parse
         self.default = default
         self.doc = doc
+        self.samples = tuple(samples)
 
 
 def flag(default: bool = False) -> Field:
@@ -62,7 +66,7 @@ def flag(default: bool = False) -> Field:
             raise ValueError("expected 0 or 1")
         return text == "1"
 
-    return Field(parse, default, "0|1")
+    return Field(parse, default, "0|1", ("0", "1"))
 
 
 def choice(*values: str, default: str | None = None) -> Field:
@@ -73,7 +77,7 @@ def choice(*values: str, default: str | None = None) -> Field:
             raise ValueError(f"expected one of {'|'.join(values)}")
         return text
 
-    return Field(parse, values[0] if default is None else default, "|".join(values))
+    return Field(parse, values[0] if default is None else default, "|".join(values), values)
 
 
 def real(default: float | None) -> Field:
@@ -82,12 +86,12 @@ def real(default: float | None) -> Field:
     def parse(text: str) -> float:
         return float(text)
 
-    return Field(parse, default, "<float>")
+    return Field(parse, default, "<float>", ("1e-05", "0.125"))
 
 
 def integer(default: int) -> Field:
     """An int key."""
-    return Field(int, default, "<int>")
+    return Field(int, default, "<int>", ("1", "2"))
 
 
 def ints(count: int, default: tuple[int, ...]) -> Field:
@@ -101,7 +105,7 @@ def ints(count: int, default: tuple[int, ...]) -> Field:
             raise ValueError(f"expected {count} comma-separated ints")
         return values
 
-    return Field(parse, default, ",".join(["<int>"] * count))
+    return Field(parse, default, ",".join(["<int>"] * count), ("1", ",".join(["2"] * count)))
 
 
 class ConfigSpec:
@@ -482,21 +486,55 @@ ONEDNN_UNARY = {
 class LibraryKernel:
     """Base class: one ``plus.<name>`` global function backed by torch's libraries.
 
-    Subclasses set ``name`` and ``spec``, say how many tensor inputs a config implies
-    (:meth:`num_inputs`) and implement :meth:`run` on torch tensors. Calling the object with
-    the VM's arguments (``*inputs, config, out``) converts, checks and dispatches.
+    Subclasses set ``spec`` (which names the kernel: ``name`` is taken from it), say how many
+    tensor inputs a config implies (:meth:`num_inputs`) and implement :meth:`run` on torch
+    tensors. Calling the object with the VM's arguments (``*inputs, config, out``) converts,
+    checks and dispatches.
+
+    The class is the one source of the kernel's contract: its name and config keys
+    (``spec``), the dtypes it takes (``dtypes``; a warehouse implementation may declare no
+    other), whether it has a native C++ form and in which dtypes (``native_dtypes``), and which
+    configs that form runs (:meth:`native_config`). ``runtime/native``, the dispatcher's cost
+    model and the warehouse loader read them here; tests/test_kernel_contract.py checks the C++
+    parsers against them.
     """
 
     name: str = ""
     spec: ConfigSpec
+    #: the element dtypes the kernel computes in (its torch path takes every float dtype)
+    dtypes: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16")
+    #: the dtypes its native C++ form (``runtime/native/onednn_<name>.cc``) runs, on CPUs that
+    #: compute them natively (``native.native_dtypes``); empty: no native form
+    native_dtypes: tuple[str, ...] = ()
     #: throughput the dispatch cost model prices a call at (GFLOP/s; memory-bound kernels in
     #: "GFLOP/s" of a few flops per element), on CPU (this project's 2-core machine, measured
     #: with scripts/bench_kernels.py) and on CUDA (order of an H100, not measured)
     cpu_gflops: float = 10.0
     cuda_gflops: float = 1000.0
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        spec = cls.__dict__.get("spec")
+        if spec is not None:
+            named = cls.__dict__.get("name", spec.kernel)
+            if named != spec.kernel:
+                raise TypeError(f"{cls.__name__}: name {named!r} is not its spec's {spec.kernel!r}")
+            cls.name = spec.kernel
+        if not set(cls.native_dtypes) <= set(cls.dtypes):
+            raise TypeError(
+                f"{cls.__name__}: native_dtypes {cls.native_dtypes} are not all among the dtypes "
+                f"it takes {cls.dtypes}"
+            )
+
     def __init__(self) -> None:
         self.cache = PrepackCache(self.name)
+
+    def native_config(self, cfg: tuple) -> bool:
+        """Whether the native form runs a call of parsed config ``cfg`` (its dtype apart):
+        by default every config of a kernel that has one. The C++ parser decides the same
+        (``cfg.native``); tests/test_kernel_contract.py checks that they agree."""
+        del cfg
+        return bool(self.native_dtypes)
 
     def num_inputs(self, cfg: tuple) -> int:
         """The number of tensor inputs the call carries for ``cfg``."""

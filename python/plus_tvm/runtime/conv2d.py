@@ -73,7 +73,7 @@ def _padding(text: str) -> tuple[int, int, int, int]:
 CONV2D_SPEC = ConfigSpec(
     "plus.conv2d",
     stride=ints(2, (1, 1)),
-    padding=Field(_padding, (0, 0, 0, 0), "t,l,b,r"),
+    padding=Field(_padding, (0, 0, 0, 0), "t,l,b,r", ("1", "1,2", "1,2,3,4")),
     dilation=ints(2, (1, 1)),
     groups=integer(1),
     bias=flag(),
@@ -104,12 +104,9 @@ class Conv2d(LibraryKernel):
     result (see :meth:`_half_batch_norm`; the native kernel runs it as float32 post-ops).
     """
 
-    name = "plus.conv2d"
     spec = CONV2D_SPEC
     cpu_gflops = 350.0  # ResNet-50's layers: 200-475 (1x1 layers lowest)
-    # the dtypes its native form (native/onednn_conv2d.cc) runs, on CPUs that compute them
-    # natively (native.native_dtypes)
-    native_dtypes = ("float32", "bfloat16")
+    native_dtypes = ("float32", "bfloat16")  # native/onednn_conv2d.cc
     cuda_gflops = 15000.0
 
     def probe(self, rand):  # noqa: ANN001, ANN201
@@ -123,6 +120,9 @@ class Conv2d(LibraryKernel):
         self.choices: dict[tuple, str] = {}
         # (data pointers of w, bias and the statistics) -> (sources kept alive, folded w, b)
         self.folded: dict[tuple, tuple] = {}
+
+    def native_config(self, cfg) -> bool:
+        return cfg.layout == "nhwc" and cfg.prepack and cfg.groups >= 1
 
     def num_inputs(self, cfg) -> int:
         return 2 + cfg.bias + 4 * cfg.bn + cfg.residual

@@ -22,7 +22,6 @@ LAYER_NORM_SPEC = ConfigSpec(
 class LayerNorm(LibraryKernel):
     """``plus.layer_norm(x, [gamma], [beta], config, out)``."""
 
-    name = "plus.layer_norm"
     spec = LAYER_NORM_SPEC
     cpu_gflops = 45.0  # 128x768, 8 flops per element
 

@@ -169,17 +169,18 @@ class Linear(LibraryKernel):
     """``plus.linear(x, w, [bias], [residual], config, out)``; with ``parts=P``:
     ``plus.linear(x, w_1..w_P, [b_1..b_P], config, out)``."""
 
-    name = "plus.linear"
     spec = LINEAR_SPEC
     cpu_gflops = 420.0  # 128x768x{768,2304,3072}, prepacked weight: 390-460
-    # the dtypes its native form (native/onednn_linear.cc) runs, on CPUs that compute them
-    # natively (native.native_dtypes); float16 stays here until a CPU with it tests it
+    # native/onednn_linear.cc; float16 stays in Python until a CPU with it tests it
     native_dtypes = ("float32", "bfloat16")
     cuda_gflops = 20000.0
 
     def probe(self, rand):  # noqa: ANN001, ANN201
         m, k, n = 128, 768, 3072
         return (rand(m, k), rand(n, k), rand(n)), "bias=1", torch.empty(m, n), 2.0 * m * k * n
+
+    def native_config(self, cfg) -> bool:
+        return cfg.prepack and cfg.parts == 1
 
     def num_inputs(self, cfg) -> int:
         return 1 + cfg.parts * (1 + cfg.bias) + cfg.residual

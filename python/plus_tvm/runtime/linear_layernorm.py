@@ -36,16 +36,17 @@ LINEAR_LAYERNORM_SPEC = ConfigSpec(
 class LinearLayerNorm(LibraryKernel):
     """``plus.linear_layernorm(x, w, [bias], [residual], [gamma], [beta], config, out)``."""
 
-    name = "plus.linear_layernorm"
     spec = LINEAR_LAYERNORM_SPEC
     cpu_gflops = 370.0  # 128x768x768: 350-400
-    # the dtypes its native form runs (native/onednn_linear.cc; see plus.linear's)
-    native_dtypes = ("float32", "bfloat16")
+    native_dtypes = ("float32", "bfloat16")  # native/onednn_linear.cc
     cuda_gflops = 15000.0
 
     def probe(self, rand):  # noqa: ANN001, ANN201
         m, k, n = 128, 768, 768
         return (rand(m, k), rand(n, k), rand(n)), "bias=1", torch.empty(m, n), 2.0 * m * k * n
+
+    def native_config(self, cfg) -> bool:
+        return cfg.prepack
 
     def num_inputs(self, cfg) -> int:
         return 2 + cfg.bias + cfg.residual + cfg.gamma + cfg.beta

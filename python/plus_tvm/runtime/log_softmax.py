@@ -18,7 +18,6 @@ LOG_SOFTMAX_SPEC = ConfigSpec("plus.log_softmax", axis=integer(-1))
 class LogSoftmax(LibraryKernel):
     """``plus.log_softmax(x, config, out)``."""
 
-    name = "plus.log_softmax"
     spec = LOG_SOFTMAX_SPEC
     cpu_gflops = 18.0  # like plus.softmax: 5 flops per element at 128x768
 

@@ -23,7 +23,6 @@ MATMUL_SPEC = ConfigSpec("plus.matmul", ta=flag(), tb=flag(), scale=real(1.0), b
 class Matmul(LibraryKernel):
     """``plus.matmul(a, b, [bias], config, out)``."""
 
-    name = "plus.matmul"
     spec = MATMUL_SPEC
     cpu_gflops = 190.0  # 12x128x64x128 (attention scores)
     cuda_gflops = 10000.0

@@ -22,8 +22,11 @@ from .. import env
 from ..errors import TVM_FAILURE, is_refusal
 from ._common import LibraryKernel
 from ._torch import torch
+from .linear import LINEAR_SPEC
 
 OVERHEAD_FALLBACK_US = 15.0
+# the call whose overhead is measured: a plain 4x4 linear (the kernel's spec checks the keys)
+OVERHEAD_CONFIG = LINEAR_SPEC.format({"w": "nk", "prepack": False})
 
 
 def time_us(fn: Callable[[], object], runs: int, warmup: int = 5, best: bool = False) -> float:
@@ -93,8 +96,8 @@ def tiny_linear_module(n: int = 4):
     with bb.function("main", [x, w]):
         out = bb.emit(
             relax.call_dps_packed(
-                "plus.linear",
-                [x, w, tvm.ir.StringImm("w=nk;prepack=0")],
+                LINEAR_SPEC.kernel,
+                [x, w, tvm.ir.StringImm(OVERHEAD_CONFIG)],
                 out_ty=relax.TensorType((n, n), "float32"),
             )
         )
@@ -116,13 +119,13 @@ def _measure_overhead() -> float:
     x, w = tvm.runtime.tensor(xs), tvm.runtime.tensor(xs)
     vm.set_input("main", x, w)
     tx, tw, tout = torch.from_numpy(xs), torch.from_numpy(xs), torch.empty(4, 4)
-    kernel = KERNELS["plus.linear"]
+    kernel = KERNELS[LINEAR_SPEC.kernel]
 
     def through_vm() -> None:
         vm.invoke_stateful("main")
 
     def direct() -> None:
-        kernel.run(kernel.spec.parse("w=nk;prepack=0"), (tx, tw), tout)
+        kernel.run(kernel.spec.parse(OVERHEAD_CONFIG), (tx, tw), tout)
 
     # the lowest of several block medians: robust to other processes on a shared machine
     vm_us = min(time_us(through_vm, 100) for _ in range(5))

@@ -17,7 +17,6 @@ RMS_NORM_SPEC = ConfigSpec("plus.rms_norm", gamma=flag(), eps=real(1e-6))
 class RMSNorm(LibraryKernel):
     """``plus.rms_norm(x, [gamma], config, out)``."""
 
-    name = "plus.rms_norm"
     spec = RMS_NORM_SPEC
     cpu_gflops = 12.0  # 128x768, 4 flops per element
 

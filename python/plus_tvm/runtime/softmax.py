@@ -18,7 +18,6 @@ SOFTMAX_SPEC = ConfigSpec("plus.softmax", axis=integer(-1), scale=real(1.0))
 class Softmax(LibraryKernel):
     """``plus.softmax(x, config, out)``."""
 
-    name = "plus.softmax"
     spec = SOFTMAX_SPEC
     cpu_gflops = 18.0  # 128x768, 5 flops per element
 

@@ -3,8 +3,9 @@
 A library call through Python costs the VM -> Python crossing, the DLPack views and torch's own
 dispatch (about 10 us), and torch's convolutions cannot write into the VM's output buffer (a
 copy per call, up to twice the kernel's time on large activations). The kernels here are the
-fast paths of Python kernels of the same name (``plus.conv2d``, ``plus.linear``,
-``plus.linear_layernorm``, ``plus.attention``): the VM calls the C++ function
+fast paths of the Python kernels of the same name that declare ``native_dtypes``
+(``plus.conv2d``, ``plus.linear``, ``plus.linear_layernorm``, ``plus.attention``; the kernel's
+module holds its contract, :func:`native_kernels`): the VM calls the C++ function
 directly, it runs oneDNN primitives created once per shape on weights packed once, writing the
 output buffer in place, and it hands every call it does not support (another layout, dtype or
 device, an unknown config key) to the Python kernel it was created with. Results are the same
@@ -73,13 +74,18 @@ SOURCES = (
 # -O2); -fopenmp: parallel_launch.cc, nan_guard.h, silu_pass.h and winograd.h (libgomp, the
 # OpenMP runtime oneDNN and torch use)
 COMPILE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fopenmp")
-# kernel name -> prefix of its exported functions (``<prefix>_create(fallback)`` etc.)
-KERNELS = {
-    "plus.attention": "attention",
-    "plus.conv2d": "conv2d",
-    "plus.linear": "linear",
-    "plus.linear_layernorm": "linear_layernorm",
-}
+
+
+def prefix(kernel: str) -> str:
+    """The prefix of the exported functions of ``kernel``'s native form
+    (``<prefix>_create(fallback, dtypes)`` etc.): its name without ``plus.``."""
+    return kernel.removeprefix("plus.")
+
+
+def native_kernels(kernels: dict[str, object]) -> dict[str, object]:
+    """The Python ``kernels`` (name -> kernel) that have a native form: those declaring
+    ``native_dtypes`` (the kernel's module is the one place that says so)."""
+    return {name: k for name, k in kernels.items() if getattr(k, "native_dtypes", ())}
 
 
 # CPU flags (``/proc/cpuinfo``) under which oneDNN computes a half dtype natively (its
@@ -112,19 +118,14 @@ def native_dtypes(kernel: object) -> tuple[str, ...]:
 def runs_natively(kernel: str, config: dict[str, object], dtype: str = "float32") -> bool:
     """Whether a CPU call of ``kernel`` with ``config`` (the binder's dict) on ``dtype``
     tensors is one the native kernels run: the dispatcher's cost model prices its crossing
-    accordingly. Kept next to the C++ that decides the same (``cfg.native``, and the dtypes
-    of :func:`native_dtypes`, checked per call)."""
+    accordingly. The kernel says which configs (``LibraryKernel.native_config``, what the C++
+    decides as ``cfg.native``) and dtypes (:func:`native_dtypes`, checked per call)."""
     from .. import KERNELS
 
-    if kernel not in KERNELS or dtype not in native_dtypes(KERNELS[kernel]):
+    python = KERNELS.get(kernel)
+    if python is None or dtype not in native_dtypes(python):
         return False
-    if config.get("prepack", True) is False:
-        return False
-    if kernel == "plus.conv2d":
-        return config.get("layout") == "nhwc"
-    if kernel == "plus.linear":
-        return int(config.get("parts", 1)) == 1
-    return kernel in ("plus.linear_layernorm", "plus.attention")
+    return bool(python.native_config(python.spec.parse(python.spec.format(config))))
 
 
 class NativeCacheWarning(UserWarning):
@@ -367,8 +368,8 @@ def _install(kernels: dict[str, object]) -> None:
         module = tvm_ffi.load_module(_STATE.path)
     except (OSError, RuntimeError) as err:
         raise NativeUnavailableError(f"loading {_STATE.path} failed: {err}") from None
-    for name, prefix in KERNELS.items():
-        native = module[f"{prefix}_create"](kernels[name], ",".join(native_dtypes(kernels[name])))
+    for name, kernel in native_kernels(kernels).items():
+        native = module[f"{prefix(name)}_create"](kernel, ",".join(native_dtypes(kernel)))
         tvm_ffi.register_global_func(name, native, override=True)
         _STATE.installed[name] = native
     if module["parallel_install"]():
@@ -424,11 +425,21 @@ def installed(name: str) -> object | None:
     return _STATE.installed.get(name)
 
 
+def parse(kernel: str, config: str) -> tuple[bool, bool] | None:
+    """What the C++ parser of ``kernel`` makes of ``config``: (every item understood, the call
+    runs natively); None when the native library is not loaded or ``kernel`` has no native
+    form. For checking the parsers against the kernel's spec (tests/test_kernel_contract.py)."""
+    if _STATE.module is None or kernel not in _STATE.installed:
+        return None
+    code = int(_STATE.module[f"{prefix(kernel)}_parse"](str(config)))
+    return code > 0, code == 2
+
+
 def _each(suffix: str, *args: object) -> dict[str, object]:
     module = _STATE.module
     if module is None:
         return {}
-    return {name: module[f"{prefix}_{suffix}"](*args) for name, prefix in KERNELS.items()}
+    return {name: module[f"{prefix(name)}_{suffix}"](*args) for name in _STATE.installed}
 
 
 def forget(data_ptr: int) -> None:
