@@ -32,6 +32,7 @@ struct AttentionConfig {
   bool causal = false;
   bool mask = false;
   bool zero_masked = false;  // a query whose mask row is all -inf gets 0 (SDPA's safe softmax)
+  bool known = false;  // every item understood (a key and value of the kernel's spec)
   bool native = false;
 
   int inputs() const { return 3 + mask; }
@@ -57,6 +58,7 @@ AttentionConfig ParseAttentionConfig(const std::string& text) {
     if (key == "zero_masked") return ParseFlag(value, &cfg.zero_masked);
     return false;
   });
+  cfg.known = ok;
   cfg.native = ok;
   return cfg;
 }
@@ -298,3 +300,4 @@ class Attention : public KernelBase {
 }  // namespace plus_native
 
 PLUS_NATIVE_EXPORT_KERNEL(attention, Attention);
+PLUS_NATIVE_EXPORT_PARSER(attention, ParseAttentionConfig);

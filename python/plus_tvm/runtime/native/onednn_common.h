@@ -701,4 +701,21 @@ ffi::Function CreateKernel(ffi::Function fallback, const std::string& dtypes) {
   TVM_FFI_DLL_EXPORT_TYPED_FUNC(Prefix##_set_budget, plus_native::Prefix##_set_budget_impl); \
   TVM_FFI_DLL_EXPORT_TYPED_FUNC(Prefix##_stats, plus_native::Prefix##_stats_impl)
 
+// ``<prefix>_parse(config) -> int``: what the kernel's parser makes of a config string: 0 when
+// an item is not understood (a key it does not know, a bad value), 1 when every item is but the
+// config is not one it runs natively, 2 when it runs it (``cfg.native``). The Python kernel's
+// spec is the contract (runtime/<kernel>.py); tests/test_kernel_contract.py checks through this
+// that the parser takes exactly its keys and values, and decides ``native`` as the kernel's
+// ``native_config`` does. ``Parse`` returns a config with ``known`` and ``native``.
+#define PLUS_NATIVE_EXPORT_PARSER(Prefix, Parse)                              \
+  namespace plus_native {                                                     \
+  namespace {                                                                 \
+  int64_t Prefix##_parse_impl(ffi::String text) {                             \
+    const auto cfg = Parse(std::string(text));                                \
+    return cfg.known ? 1 + static_cast<int64_t>(cfg.native) : 0;              \
+  }                                                                           \
+  }                                                                           \
+  }                                                                           \
+  TVM_FFI_DLL_EXPORT_TYPED_FUNC(Prefix##_parse, plus_native::Prefix##_parse_impl)
+
 #endif  // PLUS_TVM_NATIVE_ONEDNN_COMMON_H_

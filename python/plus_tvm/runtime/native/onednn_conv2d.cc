@@ -50,6 +50,7 @@ struct ConvConfig {
   bool winograd = true;  // a 3x3 layer may run as Winograd F(2x2 or 4x4, 3x3) (winograd.h)
   std::string act = "none";
   std::string post_act = "none";
+  bool known = false;   // every item understood (a key and value of the kernel's spec)
   bool native = false;  // every key understood and the combination supported here
 
   int inputs() const { return 2 + bias + 4 * bn + residual; }
@@ -83,6 +84,7 @@ ConvConfig ParseConvConfig(const std::string& text) {  // NOLINT: a parser, used
     }
     return false;  // a key of a newer contract: the Python side knows it
   });
+  cfg.known = ok;
   cfg.native = ok && cfg.nhwc && cfg.prepack && cfg.groups >= 1;
   return cfg;
 }
@@ -455,3 +457,4 @@ class Conv2d : public KernelBase {
 }  // namespace plus_native
 
 PLUS_NATIVE_EXPORT_KERNEL(conv2d, Conv2d);
+PLUS_NATIVE_EXPORT_PARSER(conv2d, ParseConvConfig);

@@ -39,6 +39,7 @@ struct LinearConfig {
   bool beta = false;
   bool sum_out = false;
   float eps = 1e-5f;
+  bool known = false;  // every item understood (a key and value of the kernel's spec)
   bool native = false;
 
   int inputs() const { return 2 + bias + residual + gamma + beta; }
@@ -66,6 +67,7 @@ LinearConfig ParseLinearConfig(const std::string& text, bool norm) {
     if (norm && key == "eps") return ParseFloat(value, &cfg.eps);
     return false;  // a key of a newer contract: the Python side knows it
   });
+  cfg.known = ok;
   cfg.native = ok && cfg.prepack && cfg.parts == 1;
   return cfg;
 }
@@ -323,3 +325,5 @@ using LinearLayerNorm = LinearKernel<true>;
 
 PLUS_NATIVE_EXPORT_KERNEL(linear, Linear);
 PLUS_NATIVE_EXPORT_KERNEL(linear_layernorm, LinearLayerNorm);
+PLUS_NATIVE_EXPORT_PARSER(linear, ParseLinear);
+PLUS_NATIVE_EXPORT_PARSER(linear_layernorm, ParseLinearNorm);

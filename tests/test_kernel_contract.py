@@ -1,0 +1,108 @@
+"""Each library kernel's Python class is the one source of its contract (issue 36 item 3): its
+name and config keys (``spec``), the dtypes it takes, whether it has a native C++ form, in which
+dtypes and for which configs. Everything else is checked against it here: the C++ parsers
+(through their exported ``<prefix>_parse``), the native kernel table, and the warehouse
+entries' dtypes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import plus_tvm.runtime as rt
+import pytest
+from plus_tvm.runtime import native
+from plus_tvm.runtime._common import ConfigSpec, LibraryKernel, flag
+
+NATIVE = sorted(native.native_kernels(rt.KERNELS))
+UNKNOWN_KEY = "zz_not_a_key"
+BAD_VALUE = "x!"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def natives():
+    if not rt.use_native():
+        pytest.fail(f"native kernels unavailable: {native.status()['reason']}")
+
+
+def understood(kernel: str, config: str) -> bool:
+    result = native.parse(kernel, config)
+    assert result is not None, f"{kernel}: no native parser loaded"
+    return result[0]
+
+
+def test_kernels_are_named_by_their_spec():
+    for name, kernel in rt.KERNELS.items():
+        assert kernel.name == kernel.spec.kernel == name
+        assert set(kernel.native_dtypes) <= set(kernel.dtypes)
+
+
+def test_a_name_other_than_the_specs_is_refused():
+    spec = ConfigSpec("plus.contract_probe", on=flag())
+    with pytest.raises(TypeError, match="plus.contract_probe"):
+        type("Probe", (LibraryKernel,), {"spec": spec, "name": "plus.other"})
+    with pytest.raises(TypeError, match="native_dtypes"):
+        type("Probe", (LibraryKernel,), {"spec": spec, "native_dtypes": ("int8",)})
+    assert type("Probe", (LibraryKernel,), {"spec": spec}).name == "plus.contract_probe"
+
+
+def test_the_native_table_is_the_kernels_declaration():
+    """The kernels installed natively are exactly those declaring native dtypes."""
+    assert NATIVE == sorted(native.status()["kernels"])
+    assert {"plus.linear", "plus.conv2d"} <= set(NATIVE)
+
+
+@pytest.mark.parametrize("kernel", NATIVE)
+def test_cpp_parser_takes_every_spec_key_and_value(kernel):
+    spec = rt.KERNELS[kernel].spec
+    for key, field in spec.fields.items():
+        for sample in field.samples:
+            spec.parse(f"{key}={sample}")  # a value of the contract
+            assert understood(kernel, f"{key}={sample}"), f"{kernel}: C++ refuses {key}={sample}"
+        with pytest.raises(ValueError):
+            spec.parse(f"{key}={BAD_VALUE}")
+        assert not understood(kernel, f"{key}={BAD_VALUE}"), f"{kernel}: C++ takes {key}=x!"
+    assert not understood(kernel, f"{UNKNOWN_KEY}=1")
+
+
+def _cpp_keys() -> set[str]:
+    """Every key a C++ parser compares against (``key == "..."`` in the native sources)."""
+    keys: set[str] = set()
+    for source in Path(native.SOURCE_DIR).glob("*.cc"):
+        keys |= set(re.findall(r'key == "(\w+)"', source.read_text()))
+    return keys
+
+
+@pytest.mark.parametrize("kernel", NATIVE)
+def test_cpp_parser_takes_no_key_outside_the_spec(kernel):
+    """A key the C++ parser of ``kernel`` understands with any value of any contract must be
+    one of its spec's keys."""
+    spec = rt.KERNELS[kernel].spec
+    values = {s for k in rt.KERNELS.values() for f in k.spec.fields.values() for s in f.samples}
+    assert set(spec.fields) <= _cpp_keys()  # (the scan sees the parsers)
+    for key in sorted(_cpp_keys() - set(spec.fields)):
+        taken = [v for v in sorted(values) if understood(kernel, f"{key}={v}")]
+        assert not taken, f"{kernel}: C++ takes {key}={taken[0]}, a key its spec lacks"
+
+
+@pytest.mark.parametrize("kernel", NATIVE)
+def test_cpp_native_decision_is_the_kernels(kernel):
+    """Which configs run natively: the C++ ``cfg.native`` and ``native_config`` agree, for the
+    defaults and every single-key variation."""
+    python = rt.KERNELS[kernel]
+    configs = [""] + [f"{k}={s}" for k, f in python.spec.fields.items() for s in f.samples]
+    for config in configs:
+        result = native.parse(kernel, config)
+        assert result is not None
+        want = bool(python.native_config(python.spec.parse(config)))
+        assert result == (True, want), f"{kernel} {config!r}: C++ {result}, Python {want}"
+
+
+def test_runs_natively_follows_the_kernel():
+    assert native.runs_natively("plus.linear", {"w": "nk"}, "float32")
+    assert not native.runs_natively("plus.linear", {"w": "nk", "parts": 2}, "float32")
+    assert not native.runs_natively("plus.linear", {"w": "nk", "prepack": False}, "float32")
+    assert native.runs_natively("plus.conv2d", {"layout": "nhwc"}, "float32")
+    assert not native.runs_natively("plus.conv2d", {"layout": "nchw"}, "float32")
+    assert not native.runs_natively("plus.softmax", {}, "float32")  # no native form
+    assert not native.runs_natively("plus.linear", {"w": "nk"}, "float64")
