@@ -28,7 +28,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..plusgraph import PlusGraph, PlusGraphBuilder, full_match, partial_match, unbatched
+from ..plusgraph import PlusGraph, PlusGraphBuilder, full_match_units, partial_match, unbatched
 from .opgraph import OpGraph
 
 
@@ -182,9 +182,14 @@ class Identifier:
             return None
         full = []
         for e in partial:
-            b = next((b for g in forms(e) if (b := full_match(e.graph, g)) is not None), None)
-            if b is not None:
-                full.append((e, b))
+            found = [f for g in forms(e) if (f := full_match_units(e.graph, g)) is not None]
+            if found:
+                b, units = min(found, key=lambda f: f[1])
+                full.append((e, b, units))
+        # an entry that fits without taking loops as unit loops (see ``plusgraph.match``)
+        # beats one that needs them: a GEMM is no 1x1 convolution of one pixel
+        fewest = min((units for _, _, units in full), default=0)
+        full = [(e, b) for e, b, units in full if units == fewest]
         return partial, full, graph
 
     def _archive(self, members: list[int], builder: PlusGraphBuilder, state) -> Match | None:  # noqa: ANN001

@@ -14,7 +14,7 @@ from .build import (
     plusgraph_of,
 )
 from .loops import KEY_OPS, PlusGraph, PlusGraphSyntaxError, PlusLoop, parse_plusgraph
-from .match import full_match, partial_match, unbatched
+from .match import full_match, full_match_units, partial_match, unbatched
 
 __all__ = [
     "KEY_OPS",
@@ -27,6 +27,7 @@ __all__ = [
     "loop_operators",
     "collapse",
     "full_match",
+    "full_match_units",
     "parse_plusgraph",
     "partial_match",
     "plusgraph_of",

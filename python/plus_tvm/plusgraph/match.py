@@ -17,6 +17,12 @@ applied recursively over the loop tree:
    pattern's;
 4. key operations must agree: the subgraph loop performs no key operation the pattern loop
    does not name.
+
+*Unit loops*: the builder drops every loop of extent 1, so a pattern's parallelizable loop that
+performs no operation itself also matches where the subgraph has no loop for it, its size bound
+to 1 and its nested loops standing in its place (both conditions). A one-row GEMM -- a
+matrix-vector product, ``[1, K] x [K, N]`` -- is the GEMM pattern with ``M = 1``; a softmax
+over one row is the softmax pattern. A reading with fewer unit loops wins.
 """
 
 from __future__ import annotations
@@ -47,8 +53,25 @@ def _ops_ok(p: PlusLoop, s: PlusLoop, full: bool) -> bool:
     return named <= set(s.ops) if full else True
 
 
-def _loop_full(p: PlusLoop, s: PlusLoop, binding: Binding) -> Iterator[Binding]:
-    if p.parallel != s.parallel or len(p.children) != len(s.children) or not _ops_ok(p, s, True):
+def _unit(p: PlusLoop, binding: Binding) -> Binding | None:
+    """The binding with ``p`` taken as a unit loop the subgraph does not show, or None.
+
+    The builder drops every loop of extent 1 (it indexes nothing), so a GEMM of one row (a
+    matrix-vector product) has no ``M`` loop at all. A parallelizable pattern loop that
+    performs no operation itself still matches there, its size bound to 1: the subgraph is the
+    pattern with that loop of extent 1, its nested loops standing in its place. A loop whose
+    size is an integer other than 1, or a name already bound to another size, cannot be unit.
+    """
+    if not p.parallel or p.ops:
+        return None
+    return _unify(p.size, 1, binding)
+
+
+Found = Iterator[tuple[Binding, int]]  # a binding and how many pattern loops it took as unit
+
+
+def _loop_full(p: PlusLoop, s: PlusLoop, binding: Binding) -> Found:
+    if p.parallel != s.parallel or not _ops_ok(p, s, True):
         return
     b = _unify(p.size, s.size, binding)
     if b is None:
@@ -56,18 +79,25 @@ def _loop_full(p: PlusLoop, s: PlusLoop, binding: Binding) -> Iterator[Binding]:
     yield from _seq_full(p.children, s.children, b)
 
 
-def _seq_full(ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding) -> Iterator[Binding]:
+def _seq_full(ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding) -> Found:
     if not ps:
-        yield b
+        if not ss:
+            yield b, 0
         return
-    for b1 in _loop_full(ps[0], ss[0], b):
-        yield from _seq_full(ps[1:], ss[1:], b1)
+    unit = _unit(ps[0], b)
+    if unit is not None:  # the pattern loop is a unit loop: its nested loops take its place
+        for b1, n in _seq_full(ps[0].children + ps[1:], ss, unit):
+            yield b1, n + 1
+    if ss:
+        for b1, n1 in _loop_full(ps[0], ss[0], b):
+            for b2, n2 in _seq_full(ps[1:], ss[1:], b1):
+                yield b2, n1 + n2
 
 
-def _loop_partial(p: PlusLoop, s: PlusLoop, binding: Binding) -> Iterator[Binding]:
+def _loop_partial(p: PlusLoop, s: PlusLoop, binding: Binding) -> Found:
     if p.parallel and not s.parallel:
         return
-    if len(p.children) < len(s.children) or not _ops_ok(p, s, False):
+    if not _ops_ok(p, s, False):
         return
     b = _unify(p.size, s.size, binding)
     if b is None:
@@ -75,15 +105,23 @@ def _loop_partial(p: PlusLoop, s: PlusLoop, binding: Binding) -> Iterator[Bindin
     yield from _seq_partial(p.children, s.children, b)
 
 
-def _seq_partial(
-    ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding
-) -> Iterator[Binding]:
+def _seq_partial(ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding) -> Found:
+    """The subgraph's loops ``ss`` align, in order, with a subsequence of ``ps`` (a pattern
+    loop left out is one a later extension may still add), pattern loops taken as unit loops
+    giving way to their nested loops."""
     if not ss:
-        yield b
+        yield b, 0
         return
-    for i in range(len(ps) - len(ss) + 1):
-        for b1 in _loop_partial(ps[i], ss[0], b):
-            yield from _seq_partial(ps[i + 1 :], ss[1:], b1)
+    if not ps:
+        return
+    for b1, n1 in _loop_partial(ps[0], ss[0], b):
+        for b2, n2 in _seq_partial(ps[1:], ss[1:], b1):
+            yield b2, n1 + n2
+    unit = _unit(ps[0], b)
+    if unit is not None:
+        for b1, n in _seq_partial(ps[0].children + ps[1:], ss, unit):
+            yield b1, n + 1
+    yield from _seq_partial(ps[1:], ss, b)
 
 
 def unbatched(graph: PlusGraph) -> PlusGraph | None:
@@ -105,13 +143,25 @@ def unbatched(graph: PlusGraph) -> PlusGraph | None:
 
 def full_match(pattern: PlusGraph, graph: PlusGraph) -> Binding | None:
     """The size binding when ``graph`` matches ``pattern`` exactly, else ``None``."""
-    if len(pattern.roots) != len(graph.roots):
-        return None
-    return next(_seq_full(pattern.roots, graph.roots, {}), None)
+    found = full_match_units(pattern, graph)
+    return None if found is None else found[0]
+
+
+def full_match_units(pattern: PlusGraph, graph: PlusGraph) -> tuple[Binding, int] | None:
+    """The size binding of a full match and how many pattern loops it takes as unit loops.
+
+    Of several readings the one taking the fewest unit loops wins, then the one taking the
+    outer loops as unit: a one-row GEMM binds ``M`` to 1, not ``N``.
+    """
+    best: tuple[Binding, int] | None = None
+    for b, units in _seq_full(pattern.roots, graph.roots, {}):
+        if units == 0:
+            return b, 0
+        if best is None or units < best[1]:
+            best = (b, units)
+    return best
 
 
 def partial_match(pattern: PlusGraph, graph: PlusGraph) -> Binding | None:
     """The size binding when ``graph`` may still grow into ``pattern`` (or matches it)."""
-    if len(pattern.roots) < len(graph.roots):
-        return None
-    return next(_seq_partial(pattern.roots, graph.roots, {}), None)
+    return next((b for b, _ in _seq_partial(pattern.roots, graph.roots, {})), None)
