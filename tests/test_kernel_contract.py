@@ -106,3 +106,90 @@ def test_runs_natively_follows_the_kernel():
     assert not native.runs_natively("plus.conv2d", {"layout": "nchw"}, "float32")
     assert not native.runs_natively("plus.softmax", {}, "float32")  # no native form
     assert not native.runs_natively("plus.linear", {"w": "nk"}, "float64")
+
+
+# ------------------------------------------------------------------------------- warehouse
+def test_every_binder_calls_the_kernel_that_declares_it():
+    """Each warehouse implementation (a binder) is declared by one kernel, whose spec its
+    binder module builds calls with."""
+    import importlib
+
+    from plus_tvm.dispatch import BINDERS
+
+    declared = [i for k in rt.KERNELS.values() for i in k.implementations]
+    assert sorted(declared) == sorted(BINDERS)
+    for kernel in rt.KERNELS.values():
+        for impl in kernel.implementations:
+            module = importlib.import_module(BINDERS[impl].__module__)
+            assert any(v is kernel.spec for v in vars(module).values()), (impl, kernel.name)
+
+
+def test_shipped_implementations_take_only_their_kernels_dtypes():
+    from plus_tvm.pattern_warehouse import implementation_kernels, load_warehouse
+
+    kernels = implementation_kernels()
+    for entry in load_warehouse(use_env=False):
+        for impl in entry.implementations:
+            assert impl.dtypes is not None
+            assert set(impl.dtypes) <= set(kernels[impl.name][1]), (entry.name, impl.name)
+
+
+GEMM_ENTRY = '''name = "{name}"
+priority = 1000
+allow_prologue = true
+allow_epilogue = true
+graph = """
+loop0 [M, para]
+  loop1 [N, para]
+    loop2 [K, non-para, (dot)]
+"""
+{constraints}
+[[implementation]]
+name = "torch.linear"
+{dtypes}
+'''
+
+
+def _entry(tmp_path, name: str, constraints: str = "", dtypes: str = "") -> str:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(GEMM_ENTRY.format(name=name, constraints=constraints, dtypes=dtypes))
+    return str(path)
+
+
+def test_an_implementation_declaring_a_dtype_its_kernel_does_not_take_fails_to_load(tmp_path):
+    from plus_tvm.pattern_warehouse import WarehouseError, load_entry
+
+    path = _entry(tmp_path, "ints", dtypes='dtypes = ["float32", "int8"]')
+    with pytest.raises(WarehouseError, match=r"ints\.toml:13: .*int8.*plus\.linear") as err:
+        load_entry(path, kernel_dtypes={"torch.linear": ("plus.linear", ("float32",))})
+    assert "it takes float32" in str(err.value)
+    # the entry's constraint is what an implementation without its own dtypes declares
+    path = _entry(tmp_path, "wide", constraints='[constraints]\ndtype = ["float64"]')
+    with pytest.raises(WarehouseError, match=r"wide\.toml:\d+: .*float64"):
+        load_entry(path, kernel_dtypes={"torch.linear": ("plus.linear", ("float32",))})
+    # with the kernels' real declarations (the default)
+    from plus_tvm.pattern_warehouse import load_warehouse
+
+    _entry(tmp_path, "ints", dtypes='dtypes = ["int8"]')
+    with pytest.raises(WarehouseError, match="int8"):
+        load_warehouse([str(tmp_path)], use_env=False)
+
+
+def test_a_dtype_no_implementation_takes_is_declined_and_said(tmp_path):
+    """An entry whose one implementation takes bfloat16 only: a float32 GEMM is not given to
+    it (the stats say why) and goes on to the next entry."""
+    import numpy as np
+    import plus_tvm
+    import torch
+    from plus_tvm import Options
+
+    _entry(tmp_path, "gemm_bf16_only", dtypes='dtypes = ["bfloat16"]')
+    module = torch.nn.Linear(32, 48).eval()
+    x = torch.randn(64, 32)
+    options = Options(dispatch_cost_model=False, warehouse=(str(tmp_path),))
+    compiled = plus_tvm.compile(module, example_args=(x,), options=options)
+    with torch.no_grad():
+        np.testing.assert_allclose(np.asarray(compiled(x)), module(x).numpy(), rtol=1e-4, atol=1e-4)
+    dispatch = compiled.stats["dispatch"]
+    assert dispatch["declined"].get("gemm_bf16_only: torch.linear takes no float32", 0) >= 1
+    assert dict(dispatch["library"]).get("gemm_epilogue") == 1

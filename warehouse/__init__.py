@@ -32,6 +32,12 @@ Each entry is a TOML file ``NAME.toml``::
     target = "any"                  # "llvm" | "cuda" | "any" (default "any")
     when = "M >= 16 and N * K >= 4096"   # optional, over the graph's size names: integers,
                                          # + - * // %, comparisons, and/or/not, parentheses
+    dtypes = ["float32", "bfloat16"]     # optional: the dtypes it takes (default: the
+                                         # constraint's dtype, else its kernel's); a dtype its
+                                         # library kernel does not take is a load error
+
+A subgraph whose dtype no implementation takes is left to TIR, and ``stats["dispatch"]
+["declined"]`` says so (``"<entry>: <implementation> takes no <dtype>"``).
 
 Several implementations with different ``target`` / ``when`` route one pattern by target and
 size (dynamic-shape routing). Every error names ``file:line``. Entry names are unique across all

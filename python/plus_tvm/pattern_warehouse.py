@@ -60,7 +60,7 @@ _TOP_KEYS = (
     "implementation",
 )
 _CONSTRAINT_KEYS = ("dtype", "static_sizes", "layout")
-_IMPL_KEYS = ("name", "target", "when")
+_IMPL_KEYS = ("name", "target", "when", "dtypes")
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 _DTYPE_RE = re.compile(r"^(bool|(u?int|float|bfloat)[0-9]+(_[A-Za-z0-9]+)?)$")
 
@@ -261,12 +261,21 @@ class Implementation:
         Condition over the +Graph's size names (e.g. ``"M >= 512"``); ``None`` always applies.
     line : int
         Line of the implementation in its entry file (for messages).
+    dtypes : tuple of str or None
+        The element dtypes it takes: its own ``dtypes``, else the entry's ``[constraints]
+        dtype``, else those of its library kernel (``LibraryKernel.dtypes``); ``None``: any. A
+        subgraph in another dtype is not given to it (the dispatcher declines it, saying so).
     """
 
     name: str
     target: str
     when: str | None
     line: int
+    dtypes: tuple[str, ...] | None = None
+
+    def takes(self, dtypes: Collection[str]) -> bool:
+        """Whether it takes tensors of every dtype in ``dtypes``."""
+        return self.dtypes is None or all(str(d) in self.dtypes for d in dtypes)
 
     def evaluate(self, sizes: Mapping[str, int]) -> bool | None:
         """Evaluate ``when`` for concrete sizes (name -> int).
@@ -285,7 +294,8 @@ class Implementation:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready fields (without the line)."""
-        return {"name": self.name, "target": self.target, "when": self.when}
+        dtypes = list(self.dtypes) if self.dtypes is not None else None
+        return {"name": self.name, "target": self.target, "when": self.when, "dtypes": dtypes}
 
 
 @dataclass(frozen=True)
@@ -449,6 +459,7 @@ def load_warehouse(
     use_env: bool = True,
     env_dirs: Sequence[str] | None = None,
     known_implementations: Collection[str] | None = None,
+    kernel_dtypes: Mapping[str, tuple[str, Collection[str]]] | None = None,
 ) -> Warehouse:
     """Load the shipped entries, then ``$PLUS_TVM_WAREHOUSE``'s folders, then ``extra_dirs``.
 
@@ -465,6 +476,10 @@ def load_warehouse(
     known_implementations : collection of str, optional
         Implementation names entries may use; default: ``plus_tvm.dispatch.known_implementations()``
         where that module exists (otherwise names are not checked).
+    kernel_dtypes : mapping, optional
+        Implementation name -> (library kernel name, the dtypes it takes); an implementation
+        declaring another dtype (its ``dtypes`` or the entry's ``[constraints] dtype``) is an
+        error. Default: :func:`implementation_kernels` (the kernels' own declarations).
 
     Returns
     -------
@@ -487,6 +502,7 @@ def load_warehouse(
             known = frozenset(_known())
     else:
         known = frozenset(known_implementations)
+    kernels = implementation_kernels() if kernel_dtypes is None else kernel_dtypes
 
     sources: list[tuple[str, str]] = [(package_dir(), "the shipped warehouse")]
     if use_env or env_dirs is not None:
@@ -510,7 +526,7 @@ def load_warehouse(
             path = os.path.join(folder, fname)
             if not fname.endswith(".toml") or fname.startswith(".") or not os.path.isfile(path):
                 continue
-            entry = load_entry(path, known_implementations=known)
+            entry = load_entry(path, known_implementations=known, kernel_dtypes=kernels)
             if entry.name in entries:
                 first = entries[entry.name]
                 raise WarehouseError(
@@ -620,8 +636,19 @@ def _type_name(value: object) -> str:
     }.get(type(value), type(value).__name__)
 
 
+def implementation_kernels() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Implementation name -> (library kernel, the dtypes it takes), as each kernel declares
+    them (``LibraryKernel.implementations`` and ``dtypes``, ``plus_tvm.runtime``)."""
+    from .runtime import KERNELS
+
+    return {i: (k.name, tuple(k.dtypes)) for k in KERNELS.values() for i in k.implementations}
+
+
 def load_entry(
-    path: str, *, known_implementations: Collection[str] | None = None
+    path: str,
+    *,
+    known_implementations: Collection[str] | None = None,
+    kernel_dtypes: Mapping[str, tuple[str, Collection[str]]] | None = None,
 ) -> WarehouseEntry:
     """Load and validate one entry file (see :func:`load_warehouse`)."""
     from .plusgraph import PlusGraphSyntaxError, parse_plusgraph
@@ -740,7 +767,26 @@ def load_entry(
             except ValueError as err:
                 raise fail((*prefix, "when"), str(err)) from None
             when = when.strip()
-        implementations.append(Implementation(impl_name, target, when, keys.line(prefix)))
+        impl_dtypes = typed(table, "dtypes", (list,), "an array of dtype strings", prefix)
+        for d in impl_dtypes or ():
+            if not isinstance(d, str) or not _DTYPE_RE.match(d):
+                raise fail((*prefix, "dtypes"), f"{d!r} is not a dtype (e.g. 'float32')")
+        takes = tuple(impl_dtypes) if impl_dtypes is not None else dtypes
+        kernel, kernel_takes = (kernel_dtypes or {}).get(impl_name, (None, None))
+        if kernel is not None and takes is not None:
+            other = [d for d in takes if d not in kernel_takes]
+            if other:
+                where = (*prefix, "dtypes") if impl_dtypes is not None else ("constraints", "dtype")
+                raise fail(
+                    where,
+                    f"implementation {impl_name!r} declares {', '.join(other)}, which its kernel "
+                    f"{kernel} does not take (it takes {', '.join(kernel_takes)})",
+                )
+        if takes is None and kernel is not None:
+            takes = tuple(kernel_takes)
+        implementations.append(
+            Implementation(impl_name, target, when, keys.line(prefix), takes)
+        )
 
     return WarehouseEntry(
         name=name,
@@ -778,6 +824,7 @@ __all__ = [
     "WarehouseEntry",
     "WarehouseError",
     "check_when",
+    "implementation_kernels",
     "load_entry",
     "load_warehouse",
     "package_dir",

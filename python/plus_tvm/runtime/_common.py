@@ -492,11 +492,11 @@ class LibraryKernel:
     checks and dispatches.
 
     The class is the one source of the kernel's contract: its name and config keys
-    (``spec``), the dtypes it takes (``dtypes``; a warehouse implementation may declare no
-    other), whether it has a native C++ form and in which dtypes (``native_dtypes``), and which
-    configs that form runs (:meth:`native_config`). ``runtime/native``, the dispatcher's cost
-    model and the warehouse loader read them here; tests/test_kernel_contract.py checks the C++
-    parsers against them.
+    (``spec``), the dtypes it takes (``dtypes``; a warehouse implementation of it,
+    ``implementations``, may declare no other), whether it has a native C++ form and in which
+    dtypes (``native_dtypes``), and which configs that form runs (:meth:`native_config`).
+    ``runtime/native``, the dispatcher's cost model and the warehouse loader read them here;
+    tests/test_kernel_contract.py checks the C++ parsers against them.
     """
 
     name: str = ""
@@ -506,6 +506,9 @@ class LibraryKernel:
     #: the dtypes its native C++ form (``runtime/native/onednn_<name>.cc``) runs, on CPUs that
     #: compute them natively (``native.native_dtypes``); empty: no native form
     native_dtypes: tuple[str, ...] = ()
+    #: the warehouse implementation names (``plus_tvm.dispatch`` binders) that call this kernel:
+    #: an entry's implementation may declare only dtypes in ``dtypes`` (checked at load time)
+    implementations: tuple[str, ...] = ()
     #: throughput the dispatch cost model prices a call at (GFLOP/s; memory-bound kernels in
     #: "GFLOP/s" of a few flops per element), on CPU (this project's 2-core machine, measured
     #: with scripts/bench_kernels.py) and on CUDA (order of an H100, not measured)

@@ -35,6 +35,7 @@ class Attention(LibraryKernel):
 
     name = "plus.attention"
     spec = ATTENTION_SPEC
+    implementations = ("torch.sdpa", "torch.sdpa_flash")
     cpu_gflops = 130.0  # 1x12x128x64, SDPA flash: 120-150
     # the dtypes its native form (native/onednn_attention.cc) runs, on CPUs that compute them
     # natively (native.native_dtypes)

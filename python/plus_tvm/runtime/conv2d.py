@@ -105,6 +105,7 @@ class Conv2d(LibraryKernel):
     """
 
     spec = CONV2D_SPEC
+    implementations = ("torch.conv2d",)
     cpu_gflops = 350.0  # ResNet-50's layers: 200-475 (1x1 layers lowest)
     native_dtypes = ("float32", "bfloat16")  # native/onednn_conv2d.cc
     cuda_gflops = 15000.0

@@ -23,6 +23,7 @@ class LayerNorm(LibraryKernel):
     """``plus.layer_norm(x, [gamma], [beta], config, out)``."""
 
     spec = LAYER_NORM_SPEC
+    implementations = ("torch.layer_norm",)
     cpu_gflops = 45.0  # 128x768, 8 flops per element
 
     def num_inputs(self, cfg) -> int:

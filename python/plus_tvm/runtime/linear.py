@@ -170,6 +170,7 @@ class Linear(LibraryKernel):
     ``plus.linear(x, w_1..w_P, [b_1..b_P], config, out)``."""
 
     spec = LINEAR_SPEC
+    implementations = ("torch.linear",)
     cpu_gflops = 420.0  # 128x768x{768,2304,3072}, prepacked weight: 390-460
     # native/onednn_linear.cc; float16 stays in Python until a CPU with it tests it
     native_dtypes = ("float32", "bfloat16")

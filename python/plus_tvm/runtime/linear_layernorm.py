@@ -37,6 +37,7 @@ class LinearLayerNorm(LibraryKernel):
     """``plus.linear_layernorm(x, w, [bias], [residual], [gamma], [beta], config, out)``."""
 
     spec = LINEAR_LAYERNORM_SPEC
+    implementations = ("torch.linear_layernorm",)
     cpu_gflops = 370.0  # 128x768x768: 350-400
     native_dtypes = ("float32", "bfloat16")  # native/onednn_linear.cc
     cuda_gflops = 15000.0

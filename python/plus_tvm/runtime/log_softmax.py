@@ -19,6 +19,7 @@ class LogSoftmax(LibraryKernel):
     """``plus.log_softmax(x, config, out)``."""
 
     spec = LOG_SOFTMAX_SPEC
+    implementations = ("torch.log_softmax",)
     cpu_gflops = 18.0  # like plus.softmax: 5 flops per element at 128x768
 
     def num_inputs(self, cfg) -> int:

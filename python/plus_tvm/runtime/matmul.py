@@ -24,6 +24,7 @@ class Matmul(LibraryKernel):
     """``plus.matmul(a, b, [bias], config, out)``."""
 
     spec = MATMUL_SPEC
+    implementations = ("torch.matmul",)
     cpu_gflops = 190.0  # 12x128x64x128 (attention scores)
     cuda_gflops = 10000.0
 

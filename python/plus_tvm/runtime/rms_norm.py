@@ -18,6 +18,7 @@ class RMSNorm(LibraryKernel):
     """``plus.rms_norm(x, [gamma], config, out)``."""
 
     spec = RMS_NORM_SPEC
+    implementations = ("torch.rms_norm",)
     cpu_gflops = 12.0  # 128x768, 4 flops per element
 
     def num_inputs(self, cfg) -> int:

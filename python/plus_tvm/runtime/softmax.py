@@ -19,6 +19,7 @@ class Softmax(LibraryKernel):
     """``plus.softmax(x, config, out)``."""
 
     spec = SOFTMAX_SPEC
+    implementations = ("torch.softmax",)
     cpu_gflops = 18.0  # 128x768, 5 flops per element
 
     def num_inputs(self, cfg) -> int:
