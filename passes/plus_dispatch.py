@@ -33,6 +33,7 @@ from ..costmodel.features import KernelContext, choice_features, library_feature
 from ..dispatch.binders import BINDERS, CallSettings, Ctx, LibraryCall
 from ..dispatch.identify import Identifier
 from ..dispatch.opgraph import OpGraph
+from ..dispatch.unscheduled import tir_unscheduled
 from ..runtime.native import runs_natively
 from ..runtime.perf import library_gflops
 from ..symbolic_bounds import typical_sizes
@@ -345,6 +346,8 @@ def _library_pays(call: LibraryCall, match, graph, cost, kind: str, report, mach
         return True  # symbolic sizes without a declared range: sized at run time, assume large
     library_us, tir_us, how = prices
     pays = library_us < tir_us
+    if not pays and tir_unscheduled(match.members, graph, kind):  # (dispatch/unscheduled.py)
+        pays, how = True, f"{how}; TIR unscheduled"
     report.decide(match.entries[0].name, call.kernel, library_us, tir_us, how, pays)
     return pays
 

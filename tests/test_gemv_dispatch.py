@@ -142,3 +142,14 @@ def test_batched_and_dynamic_rows_match_as_before(rows):
     (match,) = _matches((rows, 32))
     assert [e.name for e in match.entries] == ["gemm_epilogue"]
     assert str(match.sizes["M"]) == str(rows) and match.sizes["N"] == 16
+
+
+def test_tir_that_gir_leaves_unscheduled_is_not_chosen():
+    """A float16 GEMV of 32 x 16: the library runs it through its Python crossing (no native
+    float16 kernel), so the prices favour TIR; but on the CPU GIR declines a reduction over
+    half-precision buffers, and TVM's unscheduled loop nest is not taken."""
+    torch.manual_seed(0)
+    stats = _check(torch.nn.Linear(32, 16), (torch.randn(1, 32),), "float16")
+    assert stats["library"] == {"gemm_epilogue": 1}, stats
+    (decision,) = stats["decisions"]
+    assert decision["chosen"] == "library" and decision["model"].endswith("TIR unscheduled")

@@ -243,7 +243,7 @@ REFUSED = "a TVM schedule primitive refused every lowering of the plan"
 HALF_DTYPES = ("float16", "bfloat16")
 
 
-def _reduces_half(func: tirx.PrimFunc) -> bool:
+def reduces_half(func: tirx.PrimFunc) -> bool:
     """A kernel with half-precision buffers and a reduction block (see ``plan_for_rule``)."""
     if not any(str(getattr(p, "dtype", "")) in HALF_DTYPES for p in func.params):
         return False
@@ -270,7 +270,7 @@ def plan_for_rule(
         reason = f"a {target.kind.name} target"
     elif func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
         reason = "already scheduled"
-    elif kind == "llvm" and _reduces_half(func):
+    elif kind == "llvm" and reduces_half(func):
         # TVM 0.27's LLVM code for GIR's vectorized reductions over bfloat16 loads returned
         # wrong values (softmax: garbage maxima); until plans stage half buffers in float32,
         # such kernels keep TVM's own schedule. Element-wise and data-movement kernels (a
