@@ -37,6 +37,16 @@ def test_kernels_are_named_by_their_spec():
         assert set(kernel.native_dtypes) <= set(kernel.dtypes)
 
 
+def test_every_key_is_documented_with_its_kernel():
+    """The kernel's module or class docstring names each key of its spec (``key`` or key=)."""
+    import sys
+
+    for name, kernel in rt.KERNELS.items():
+        doc = (sys.modules[type(kernel).__module__].__doc__ or "") + (type(kernel).__doc__ or "")
+        missing = [k for k in kernel.spec.fields if not re.search(rf"(``|\b){k}(=|``)", doc)]
+        assert not missing, f"{name}: keys {missing} not in its docstring"
+
+
 def test_a_name_other_than_the_specs_is_refused():
     spec = ConfigSpec("plus.contract_probe", on=flag())
     with pytest.raises(TypeError, match="plus.contract_probe"):
