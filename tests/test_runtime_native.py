@@ -863,7 +863,7 @@ def test_linear_layernorm_native_bfloat16(sum_out):
 def test_linear_native_takes_only_its_dtypes():
     """The dtypes the C++ kernel takes are the Python kernel's list (on this CPU), and the
     dispatcher's cost model agrees; float16 (not among them) and float64 fall back."""
-    for name in ("plus.linear", "plus.linear_layernorm", "plus.attention", "plus.conv2d"):
+    for name in native.native_kernels(rt.KERNELS):
         assert native.status()["kernels"][name]["dtypes"] == list(
             native.native_dtypes(rt.KERNELS[name])
         )
