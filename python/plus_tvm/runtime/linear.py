@@ -3,7 +3,7 @@
 Call: ``plus.linear(x, w, [bias], [residual], config, out)``; ``x`` is ``[..., K]``, ``w`` is
 ``[N, K]`` (``w=nk``, as ``nn.Linear``) or ``[K, N]`` (``w=kn``), ``bias`` is ``[N]``,
 ``residual`` is ``[..., N]``. Keys: ``w=nk|kn``, ``bias=0|1``, ``residual=0|1``,
-``act=none|relu|gelu|gelu_tanh|silu|sigmoid|tanh``, ``prepack=1|0``, ``parts=<int>``.
+``act=none|relu|relu6|gelu|gelu_tanh|silu|sigmoid|tanh``, ``prepack=1|0``, ``parts=<int>``.
 
 ``parts=P`` (sibling linears on one input, e.g. Q/K/V, merged by ``MergeSiblingLinears``):
 ``plus.linear(x, w_1..w_P, [b_1..b_P], config, out)`` computes ``x @ [W_1; ...; W_P]`` (+ the
