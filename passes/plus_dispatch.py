@@ -290,8 +290,11 @@ def _defined_before(graph: OpGraph, expr: relax.Expr, position: int) -> bool:
 
 
 def _choose(match, ctx, graph, kind, cost, report, machine):  # noqa: ANN001, ANN202
-    # the data's dtypes: a predicate inside the subgraph (a mask's condition) is bool
-    dtypes = {str(graph.nodes[i].var.ty.dtype) for i in match.members} - {"bool"}
+    # the data's dtypes: a predicate inside the subgraph (a mask's condition) is bool, and so
+    # is every value that feeds only predicates (the positions of ``arange(n) == last``)
+    dtypes = {
+        str(graph.nodes[i].var.ty.dtype) for i in match.members if not _feeds_predicates(graph, i)
+    }
     for entry in match.entries:
         if not entry.constraints.admits(dtypes, match.sizes):
             report.declined[f"{entry.name}: constraints"] += 1
@@ -319,6 +322,17 @@ def _choose(match, ctx, graph, kind, cost, report, machine):  # noqa: ANN001, AN
                 return None
             return entry, impl, call
     return None
+
+
+def _feeds_predicates(graph: OpGraph, index: int, depth: int = 0) -> bool:
+    """``index`` is a bool value, or one read only to compute bool values (a mask's
+    condition)."""
+    node = graph.nodes[index]
+    if str(getattr(node.var.ty, "dtype", "")) == "bool":
+        return True
+    if depth > 4 or not node.consumers or index in graph.outside_uses:
+        return False
+    return all(_feeds_predicates(graph, c, depth + 1) for c in node.consumers)
 
 
 def _one_float_dtype(call: LibraryCall, graph: OpGraph) -> bool:

@@ -126,6 +126,23 @@ class CompiledLM:
         with self._lock:
             return self._loop(ids, mask, new, sampling, eos, pad)
 
+    def _decode_step(
+        self, token: torch.Tensor, mask: torch.Tensor, position: torch.Tensor, past: list
+    ) -> list:
+        """The decode step on the cache buffers themselves: on the CPU the past goes to the VM
+        as views of the buffers (DLPack, no copy; ``self.decode(...)`` copies every input), and
+        the step's attention reads it in place and writes the new token into its last slot."""
+        import tvm
+
+        from ..compiled_model import _is_cpu
+
+        if not _is_cpu(self.decode.device):
+            return self.decode(token, mask, position, *past)
+        small = [tvm.runtime.tensor(t.numpy(), self.decode.device) for t in (token, mask, position)]
+        views = [tvm.runtime.from_dlpack(p) for p in past]
+        out = self.decode.run_prepared(small + views)
+        return [torch.from_dlpack(leaf) for leaf in out]
+
     def _loop(
         self,
         ids: torch.Tensor,
@@ -160,7 +177,8 @@ class CompiledLM:
                 self._cache.write(0, fresh)
             else:  # the past and the slot of the new token
                 past = self._cache.past(length + 1)
-                logits, *fresh = self.decode(token[:, None].contiguous(), mask, position, *past)
-                self._cache.write(length, fresh)
+                new_ids = token[:, None].contiguous()
+                logits, *fresh = self._decode_step(new_ids, mask, position, past)
+                self._cache.write(length, fresh)  # (where the attention did not write the slot)
             length += 1
         return torch.cat(tokens, dim=1)

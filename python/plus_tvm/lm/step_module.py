@@ -90,8 +90,12 @@ class LMStep(nn.Module):
         logits = out.logits if hasattr(out, "logits") else out[0]
         fresh = []
         for layer in cache.layers:
-            fresh.append(layer.keys.narrow(2, known, new).permute(2, 0, 1, 3))
-            fresh.append(layer.values.narrow(2, known, new).permute(2, 0, 1, 3))
+            # a decode step returns the new token's keys and values as the model made them,
+            # not read back from the slot: the slot's select is then read by the attention
+            # alone, which the warehouse's attention entry takes with the cache (cache=1)
+            keys, values = getattr(layer, "fresh", (layer.keys, layer.values))
+            fresh.append(keys.narrow(2, keys.shape[2] - new, new).permute(2, 0, 1, 3))
+            fresh.append(values.narrow(2, values.shape[2] - new, new).permute(2, 0, 1, 3))
         return (logits[:, -1, :], *fresh)
 
 
@@ -116,6 +120,7 @@ def slot_layer(keys: torch.Tensor, values: torch.Tensor, known: object) -> objec
         def update(self, key_states, value_states, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
             if key_states.shape[-2] != 1:
                 raise ModelLoadError("compile_lm: a decode step takes one new token")
+            self.fresh = (key_states, value_states)
             slot = (torch.arange(self.keys.shape[-2], device=self.keys.device) == known)[:, None]
             self.keys = torch.where(slot, key_states, self.keys)
             self.values = torch.where(slot, value_states, self.values)

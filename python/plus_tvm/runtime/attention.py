@@ -27,6 +27,7 @@ ATTENTION_SPEC = ConfigSpec(
     causal=flag(),
     mask=flag(),
     zero_masked=flag(),
+    cache=flag(),
 )
 
 
@@ -53,17 +54,30 @@ class Attention(LibraryKernel):
         self.causal_masks: dict[tuple, torch.Tensor] = {}
 
     def num_inputs(self, cfg) -> int:
-        return 3 + cfg.mask
+        return 3 + 2 * cfg.cache + cfg.mask
 
     def check(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
-        for t in inputs[:3]:
+        for t in inputs[: 3 + 2 * cfg.cache]:
             if t.dim() != 4:
                 raise ValueError(
                     f"{self.name}: q, k, v must be 4-D ({cfg.layout}), got shape {tuple(t.shape)}"
                 )
-        if cfg.mask and not inputs[3].is_floating_point():
+        heads = inputs[0].shape[2 if cfg.layout == "bshd" else 1]
+        kv_heads = inputs[1].shape[2 if cfg.cache or cfg.layout == "bshd" else 1]
+        if heads % kv_heads:
             raise ValueError(
-                f"{self.name}: the mask must be an additive float mask, got {inputs[3].dtype}"
+                f"{self.name}: {heads} query heads are not a multiple of {kv_heads} kv heads"
+            )
+        if cfg.cache:
+            k, k_new = inputs[1], inputs[3]
+            if k_new.numel() != k[-1].numel() or inputs[4].numel() != inputs[2][-1].numel():
+                raise ValueError(
+                    f"{self.name}: k_new / v_new must hold one position of the cache "
+                    f"{tuple(k.shape[1:])}, got {tuple(k_new.shape)}"
+                )
+        if cfg.mask and not inputs[-1].is_floating_point():
+            raise ValueError(
+                f"{self.name}: the mask must be an additive float mask, got {inputs[-1].dtype}"
             )
 
     def out_shape(self, cfg, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
@@ -88,9 +102,18 @@ class Attention(LibraryKernel):
 
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         q, k, v = inputs[0], inputs[1], inputs[2]
+        if cfg.cache:  # the new token into the slot, then the cache read in place as bhsd
+            for cache, new in ((k, inputs[3]), (v, inputs[4])):
+                cache[-1].copy_(new.reshape(cache[-1].shape))
+            k, v = k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3)
+        elif cfg.layout == "bshd":
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
         if cfg.layout == "bshd":
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        mask = inputs[3] if cfg.mask else None
+            q = q.transpose(1, 2)
+        if k.shape[1] != q.shape[1]:  # grouped-query: each kv head serves consecutive q heads
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        mask = inputs[-1] if cfg.mask else None
         causal = bool(cfg.causal)
         if mask is not None:
             if mask.dtype != q.dtype:

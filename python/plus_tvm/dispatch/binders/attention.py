@@ -6,6 +6,12 @@ inputs and the output become kernel parameters (``scale``, ``mask``, ``layout`` 
 ``out_layout``); whatever computes the mask stays as TIR before the call. SDPA's safe softmax
 (a ``where`` zeroing the rows whose mask is all ``-inf``, as ``CanonicalizeSDPA`` leaves it)
 becomes ``zero_masked``.
+
+Keys and values with fewer heads than the queries, repeated by ``repeat_kv`` (grouped-query
+attention), are passed unrepeated. A decode step's keys and values that are the KV cache with
+the new token in its last position (``where(last, new, permute(cache))``, the select of
+``lm.step_module.slot_layer``) are passed as the cache itself, read in place by the kernel,
+and the new token's (``cache=1``): neither the select nor the permute is computed.
 """
 
 from __future__ import annotations
@@ -146,6 +152,101 @@ def _rows_of_neg_inf(ctx: Ctx, cond: relax.Expr, mask: relax.Expr) -> bool:
 
     source = row_condition_source(cond, definition)
     return source is not None and source.same_as(mask)
+
+
+def _dims(expr: relax.Expr) -> list | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    return list(ty.shape.values)
+
+
+def _equal_dims(a: list | None, b: list | None) -> bool:
+    if a is None or b is None or len(a) != len(b):
+        return False
+    analyzer = tvm.sym.Analyzer()
+    return all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b))
+
+
+def _repeat_kv_source(ctx: Ctx, t: relax.Expr) -> relax.Expr:
+    """The ``[B, Hkv, S, D]`` tensor that ``t`` repeats head by head (transformers'
+    ``repeat_kv``: ``expand(b, kv, rep, s, d).reshape(b, kv * rep, s, d)``), else ``t``."""
+    found = ctx.block_call(t)
+    if found is None or ctx.op(found[0]) != "relax.reshape":
+        return t
+    wide = ctx.block_call(found[1].args[0])
+    if wide is None or ctx.op(wide[0]) != "relax.broadcast_to":
+        return t
+    one, many, out = _dims(wide[1].args[0]), _dims(ctx.var(wide[0])), _dims(t)
+    if one is None or many is None or out is None or len(one) != 5 or len(out) != 4:
+        return t
+    b, kv, rep, s, d = many
+    if not _equal_dims(one, [b, kv, 1, s, d]) or not _equal_dims(out, [b, kv * rep, s, d]):
+        return t
+    source = next(
+        (e for e in _view_chain(ctx, wide[1].args[0]) if _equal_dims(_dims(e), [b, kv, s, d])),
+        None,
+    )
+    return t if source is None else source
+
+
+def _is_last_position(ctx: Ctx, cond: relax.Expr, length: object) -> bool:
+    """``cond`` is ``(arange(length) == length - 1)[:, None]``: true at the last position."""
+    dims = _dims(cond)
+    if not _equal_dims(dims, [length, 1]):
+        return False
+    found = ctx.block_call(cond)
+    if found is None or ctx.op(found[0]) not in _VIEWS:
+        return False
+    found = ctx.block_call(found[1].args[0])
+    if found is None or ctx.op(found[0]) != "relax.equal":
+        return False
+    positions, last = found[1].args
+    at = ctx.block_call(positions)
+    if at is None or ctx.op(at[0]) != "relax.arange" or len(at[1].args) != 3:
+        return False
+    start, end, step = at[1].args
+    if not all(isinstance(a.ty, tvm.ir.PrimType) for a in (start, end, step, last)):
+        return False  # (a scalar argument is the integer expression itself in TVM 0.27)
+    analyzer = tvm.sym.Analyzer()
+    return (
+        analyzer.can_prove_equal(start, 0)
+        and analyzer.can_prove_equal(step, 1)
+        and analyzer.can_prove_equal(end, length)
+        and analyzer.can_prove_equal(last, length - 1)
+    )
+
+
+def _cache_append(ctx: Ctx, t: relax.Expr) -> tuple[relax.Expr, relax.Expr] | None:
+    """(cache, new) when ``t`` (``[B, H, T, D]``) is the cache (``[T, B, H, D]``) with its last
+    position replaced by ``new`` (``[B, H, 1, D]``): ``where(last, new, permute(cache))``."""
+    found = ctx.block_call(t)
+    if found is None or ctx.op(found[0]) != "relax.where":
+        return None
+    cond, new, old = found[1].args
+    perm = ctx.block_call(old)
+    if perm is None or ctx.op(perm[0]) != "relax.permute_dims":
+        return None
+    if permute_axes(perm[1]) != [1, 2, 0, 3]:
+        return None
+    cache = perm[1].args[0]
+    dims = _dims(cache)
+    if dims is None or len(dims) != 4 or not _equal_dims(_dims(t), _dims(old)):
+        return None
+    length, b, h, d = dims
+    if not _equal_dims(_dims(new), [b, h, 1, d]) or not _is_last_position(ctx, cond, length):
+        return None
+    return cache, _compact_new(ctx, new)
+
+
+def _compact_new(ctx: Ctx, new: relax.Expr) -> relax.Expr:
+    """``new`` (``[B, H, 1, D]``) or the ``[B, 1, H, D]`` tensor it permutes: the same
+    elements in the same order (one position), without the permute."""
+    found = ctx.block_call(new)
+    if found is not None and ctx.op(found[0]) == "relax.permute_dims":
+        if permute_axes(found[1]) == [0, 2, 1, 3]:
+            return found[1].args[0]
+    return new
 
 
 def _operands(ctx: Ctx, m1: int) -> tuple[tuple, tuple, list] | None:
@@ -302,6 +403,24 @@ def _output_views(
     return cur, out_layout
 
 
+def _tensors(ctx: Ctx, q: tuple, k: tuple, v: tuple, pre: list) -> tuple[str, list, bool]:
+    """(layout, [q, k, v] or [q, k cache, v cache, k new, v new], whether from the cache):
+    k and v unrepeated where ``repeat_kv`` repeats them, the cache where they are a decode
+    step's cache with the new token in its slot."""
+    broadcast = any(k[1].same_as(var) for var, _ in pre)  # multi-query, broadcast in pre
+    if not broadcast:
+        k_src, v_src = _repeat_kv_source(ctx, k[1]), _repeat_kv_source(ctx, v[1])
+        k_app, v_app = _cache_append(ctx, k_src), _cache_append(ctx, v_src)
+        if k_app is not None and v_app is not None:
+            layout, qt = ("bshd", q[0]) if q[0] is not None else ("bhsd", q[1])
+            return layout, [qt, k_app[0], v_app[0], k_app[1], v_app[1]], True
+        if not k_src.same_as(k[1]) and not v_src.same_as(v[1]):
+            k, v = _head_input(ctx, k_src), _head_input(ctx, v_src)
+    if all(t[0] is not None for t in (q, k, v)):
+        return "bshd", [q[0], k[0], v[0]], False
+    return "bhsd", [q[1], k[1], v[1]], False
+
+
 def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     m1 = next((i for i in members if ctx.op(i) == "relax.matmul"), None)
     operands = _operands(ctx, m1) if m1 is not None else None
@@ -318,10 +437,7 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     cur, out_layout = _output_views(ctx, scores.cur, absorbed, scores.half)
     if len(shape_of(ctx.var(cur))) != 4:
         return None
-    if all(t[0] is not None for t in (q, k, v)):
-        layout, tensors = "bshd", [q[0], k[0], v[0]]
-    else:
-        layout, tensors = "bhsd", [q[1], k[1], v[1]]
+    layout, tensors, cache = _tensors(ctx, q, k, v, pre)
     if any(
         not ctx.defined_before(t, cur) or t.same_as(ctx.var(cur))
         for t in tensors
@@ -343,6 +459,8 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     }
     if scores.zero_masked:
         cfg["zero_masked"] = True
+    if cache:
+        cfg["cache"] = True
     args = [*tensors] + ([mask] if mask is not None else [])
     return LibraryCall(ATTENTION_SPEC, args, cfg, cur, absorbed, pre)
 

@@ -15,9 +15,17 @@
 // and the second matmul accumulates them with v in float32 and rounds once into ``out``: as
 // torch's CPU flash attention in half precision (float32 scores and softmax, probabilities
 // rounded for the product with v). The mask is in the call's dtype or float32.
+//
+// k and v may have fewer heads than q (grouped-query attention: query head h reads kv head
+// h / (H / Hkv)): every tensor is seen as [B, Hkv, H / Hkv, S, D] and k, v broadcast over the
+// third dim, so no head is repeated. ``cache=1`` (a decode step): k and v are the KV cache's
+// [T, B, Hkv, D] views, read in place through strides, whose last position is the new token's
+// slot; the new token's keys and values (two more inputs, one position) are copied into that
+// slot first.
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "onednn_common.h"
 
@@ -32,10 +40,11 @@ struct AttentionConfig {
   bool causal = false;
   bool mask = false;
   bool zero_masked = false;  // a query whose mask row is all -inf gets 0 (SDPA's safe softmax)
+  bool cache = false;        // k, v are [T, B, Hkv, D] caches; k_new, v_new fill the last slot
   bool known = false;  // every item understood (a key and value of the kernel's spec)
   bool native = false;
 
-  int inputs() const { return 3 + mask; }
+  int inputs() const { return 3 + 2 * cache + mask; }
 };
 
 AttentionConfig ParseAttentionConfig(const std::string& text) {
@@ -56,6 +65,7 @@ AttentionConfig ParseAttentionConfig(const std::string& text) {
     if (key == "causal") return ParseFlag(value, &cfg.causal);
     if (key == "mask") return ParseFlag(value, &cfg.mask);
     if (key == "zero_masked") return ParseFlag(value, &cfg.zero_masked);
+    if (key == "cache") return ParseFlag(value, &cfg.cache);
     return false;
   });
   cfg.known = ok;
@@ -63,19 +73,36 @@ AttentionConfig ParseAttentionConfig(const std::string& text) {
   return cfg;
 }
 
-// dims and strides (in elements) of a [B, H, S, D] view of a tensor in ``bshd`` or ``bhsd``
-memory::desc Heads(const DLTensor* t, bool bshd, bool transposed, memory::data_type dt) {
-  int64_t b = t->shape[0];
-  int64_t h = bshd ? t->shape[2] : t->shape[1];
-  int64_t s = bshd ? t->shape[1] : t->shape[2];
-  int64_t d = t->shape[3];
-  memory::dims strides = bshd ? memory::dims{s * h * d, d, h * d, 1}
-                              : memory::dims{h * s * d, s * d, d, 1};
-  if (transposed) {  // [B, H, D, S]: k^T
-    return memory::desc({b, h, d, s}, dt,
-                        memory::dims{strides[0], strides[1], strides[3], strides[2]});
+enum class Layout { kBHSD, kBSHD, kTBHD };
+
+// [B, H, S, D] of a compact tensor in ``layout`` and its strides (in elements)
+void HeadDims(const DLTensor* t, Layout layout, int64_t dims[4], int64_t strides[4]) {
+  const int64_t* x = t->shape;
+  if (layout == Layout::kBHSD) {
+    int64_t d[4] = {x[0], x[1], x[2], x[3]}, st[4] = {x[1] * x[2] * x[3], x[2] * x[3], x[3], 1};
+    std::copy_n(d, 4, dims), std::copy_n(st, 4, strides);
+  } else if (layout == Layout::kBSHD) {
+    int64_t d[4] = {x[0], x[2], x[1], x[3]}, st[4] = {x[1] * x[2] * x[3], x[3], x[2] * x[3], 1};
+    std::copy_n(d, 4, dims), std::copy_n(st, 4, strides);
+  } else {  // [T, B, H, D]
+    int64_t d[4] = {x[1], x[2], x[0], x[3]}, st[4] = {x[2] * x[3], x[3], x[1] * x[2] * x[3], 1};
+    std::copy_n(d, 4, dims), std::copy_n(st, 4, strides);
   }
-  return memory::desc({b, h, s, d}, dt, strides);
+}
+
+// the [B, G, H / G, S, D] view of a tensor of H heads in ``layout`` (G: the kv heads; k and v
+// have H == G); ``transposed``: [B, G, H / G, D, S] (k^T)
+memory::desc Heads(const DLTensor* t, Layout layout, int64_t groups, bool transposed,
+                   memory::data_type dt) {
+  int64_t dims[4], st[4];
+  HeadDims(t, layout, dims, st);
+  int64_t r = dims[1] / groups;
+  if (transposed) {
+    return memory::desc({dims[0], groups, r, dims[3], dims[2]}, dt,
+                        memory::dims{st[0], st[1] * r, st[1], st[3], st[2]});
+  }
+  return memory::desc({dims[0], groups, r, dims[2], dims[3]}, dt,
+                      memory::dims{st[0], st[1] * r, st[1], st[2], st[3]});
 }
 
 struct Plan {
@@ -101,12 +128,17 @@ class Attention : public KernelBase {
     const DLTensor* q = call.inputs[0];
     const DLTensor* k = call.inputs[1];
     const DLTensor* v = call.inputs[2];
-    const DLTensor* mask = cfg->mask ? call.inputs[3] : nullptr;
+    const DLTensor* k_new = cfg->cache ? call.inputs[3] : nullptr;
+    const DLTensor* v_new = cfg->cache ? call.inputs[4] : nullptr;
+    const DLTensor* mask = cfg->mask ? call.inputs[3 + 2 * cfg->cache] : nullptr;
     const DLTensor* out = call.out;
     memory::data_type dt, mask_dt = memory::data_type::f32;
     if (!CallType(q, &dt)) return Fallback(args, rv);
     for (const DLTensor* t : {k, v, out}) {
       if (!IsCpuCompactOf(t, dt)) return Fallback(args, rv);
+    }
+    if (cfg->cache && (!IsCpuCompactOf(k_new, dt) || !IsCpuCompactOf(v_new, dt))) {
+      return Fallback(args, rv);
     }
     if (mask != nullptr) {
       mask_dt = IsCpuCompactOf(mask, dt) ? dt : memory::data_type::f32;
@@ -115,21 +147,27 @@ class Attention : public KernelBase {
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || out->ndim != 4) {
       return Fallback(args, rv);
     }
-    int64_t dims[4][4];  // [B, H, S, D] of q, k, v, out
+    int64_t dims[4][4], strides[4];  // [B, H, S, D] of q, k, v, out
     const DLTensor* ts[4] = {q, k, v, out};
+    Layout layouts[4];
     for (int i = 0; i < 4; ++i) {
       bool bshd = i < 3 ? cfg->bshd : cfg->out_bshd;
-      dims[i][0] = ts[i]->shape[0];
-      dims[i][1] = bshd ? ts[i]->shape[2] : ts[i]->shape[1];
-      dims[i][2] = bshd ? ts[i]->shape[1] : ts[i]->shape[2];
-      dims[i][3] = ts[i]->shape[3];
+      layouts[i] = (i == 1 || i == 2) && cfg->cache ? Layout::kTBHD
+                   : bshd                           ? Layout::kBSHD
+                                                    : Layout::kBHSD;
+      HeadDims(ts[i], layouts[i], dims[i], strides);
     }
+    // k and v share their heads, q and out theirs, a multiple of k's (grouped-query)
     bool agree = dims[0][0] == dims[1][0] && dims[0][0] == dims[2][0] && dims[0][0] == dims[3][0] &&
-                 dims[0][1] == dims[1][1] && dims[0][1] == dims[2][1] &&
+                 dims[1][1] > 0 && dims[0][1] % dims[1][1] == 0 && dims[1][1] == dims[2][1] &&
                  dims[0][1] == dims[3][1] && dims[1][2] == dims[2][2] &&
                  dims[0][2] == dims[3][2] && dims[0][3] == dims[1][3] &&
                  dims[2][3] == dims[3][3];
     if (!agree || (mask != nullptr && mask->ndim > 4)) return Fallback(args, rv);
+    if (cfg->cache && (dims[1][2] < 1 || NumelOf(k_new) != dims[1][0] * dims[1][1] * dims[1][3] ||
+                       NumelOf(v_new) != dims[2][0] * dims[2][1] * dims[2][3])) {
+      return Fallback(args, rv);
+    }
     int64_t sq = dims[0][2], sk = dims[1][2];
     if (mask != nullptr) {  // broadcastable to [B, H, Sq, Sk]
       const int64_t full[4] = {dims[0][0], dims[0][1], sq, sk};
@@ -150,9 +188,18 @@ class Attention : public KernelBase {
     if (mask != nullptr) {
       for (int i = 0; i < mask->ndim; ++i) key.Add(mask->shape[i]);
     }
-    std::shared_ptr<Plan> plan =
-        FindOrMake(&plans_, key, [&]() { return MakePlan(*cfg, q, k, v, out, mask, sq, sk, dt); });
+    std::shared_ptr<Plan> plan = FindOrMake(&plans_, key, [&]() {
+      return MakePlan(*cfg, layouts, dims[1][1], q, k, v, out, mask, sq, sk, dt);
+    });
     if (plan == nullptr) return Fallback(args, rv);  // oneDNN has no primitive for it
+    if (cfg->cache) {  // the new token into the last slot: one [B, Hkv, D] row of the cache
+      const int64_t elem = k->dtype.bits / 8;
+      for (auto [cache, fresh] : {std::pair{k, k_new}, std::pair{v, v_new}}) {
+        int64_t row = NumelOf(fresh) * elem;
+        std::memcpy(reinterpret_cast<char*>(DataOf(cache)) + (cache->shape[0] - 1) * row,
+                    DataOf(fresh), row);
+      }
+    }
     std::shared_ptr<void> owner = plan;
     // this thread's scratch: the scores, the probabilities (in a half call), then each
     // primitive's own scratchpad after them
@@ -236,29 +283,33 @@ class Attention : public KernelBase {
     if (desc.get_size() > 0) exec->Add(DNNL_ARG_SCRATCHPAD, ThreadMemory(owner, slot, desc, data));
   }
 
-  static std::shared_ptr<Plan> MakePlan(const AttentionConfig& cfg, const DLTensor* q,
-                                        const DLTensor* k, const DLTensor* v,
-                                        const DLTensor* out, const DLTensor* mask, int64_t sq,
-                                        int64_t sk, memory::data_type dt) {
+  static std::shared_ptr<Plan> MakePlan(const AttentionConfig& cfg, const Layout* layouts,
+                                        int64_t groups, const DLTensor* q, const DLTensor* k,
+                                        const DLTensor* v, const DLTensor* out,
+                                        const DLTensor* mask, int64_t sq, int64_t sk,
+                                        memory::data_type dt) {
     auto plan = std::make_shared<Plan>();
     auto f32 = memory::data_type::f32;
-    plan->q = Heads(q, cfg.bshd, false, dt);
-    plan->kt = Heads(k, cfg.bshd, true, dt);
-    plan->v = Heads(v, cfg.bshd, false, dt);
-    plan->out = Heads(out, cfg.out_bshd, false, dt);
-    memory::dims qdims = plan->q.get_dims();
-    int64_t b = qdims[0], h = qdims[1], d = qdims[3];
-    plan->s = memory::desc({b, h, sq, sk}, f32, memory::format_tag::abcd);
-    plan->p = memory::desc({b, h, sq, sk}, dt, memory::format_tag::abcd);
+    plan->q = Heads(q, layouts[0], groups, false, dt);
+    plan->kt = Heads(k, layouts[1], groups, true, dt);
+    plan->v = Heads(v, layouts[2], groups, false, dt);
+    plan->out = Heads(out, layouts[3], groups, false, dt);
+    memory::dims qdims = plan->q.get_dims();  // [B, G, R, Sq, D]
+    int64_t b = qdims[0], r = qdims[2], d = qdims[4];
+    plan->s = memory::desc({b, groups, r, sq, sk}, f32, memory::format_tag::abcde);
+    plan->p = memory::desc({b, groups, r, sq, sk}, dt, memory::format_tag::abcde);
     float scale = cfg.has_scale ? cfg.scale : 1.f / std::sqrt(static_cast<float>(d));
     dnnl::post_ops ops;
     ops.append_eltwise(algorithm::eltwise_linear, scale, 0.f);
     if (mask != nullptr) {
-      memory::dims mdims(4, 1);
-      for (int i = 0; i < mask->ndim; ++i) mdims[4 - mask->ndim + i] = mask->shape[i];
+      memory::dims m4(4, 1);
+      for (int i = 0; i < mask->ndim; ++i) m4[4 - mask->ndim + i] = mask->shape[i];
+      // its heads (1 or H) split as the scores' [G, R]
+      memory::dims mdims = m4[1] == 1 ? memory::dims{m4[0], 1, 1, m4[2], m4[3]}
+                                      : memory::dims{m4[0], groups, r, m4[2], m4[3]};
       memory::data_type mask_dt;
       if (!DataTypeOf(mask->dtype, &mask_dt)) return nullptr;
-      plan->mask = memory::desc(mdims, mask_dt, memory::format_tag::abcd);
+      plan->mask = memory::desc(mdims, mask_dt, memory::format_tag::abcde);
       plan->mask_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
       ops.append_binary(algorithm::binary_add, plan->mask);
     }
@@ -269,7 +320,7 @@ class Attention : public KernelBase {
           plan->causal[i * sk + j] = -std::numeric_limits<float>::infinity();
         }
       }
-      plan->causal_mask = memory::desc({1, 1, sq, sk}, f32, memory::format_tag::abcd);
+      plan->causal_mask = memory::desc({1, 1, 1, sq, sk}, f32, memory::format_tag::abcde);
       plan->causal_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
       ops.append_binary(algorithm::binary_add, plan->causal_mask);
     }
@@ -283,7 +334,7 @@ class Attention : public KernelBase {
     plain.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     auto smpd = dnnl::softmax_forward::primitive_desc(
         Engine(), dnnl::prop_kind::forward_inference, algorithm::softmax_accurate, plan->s,
-        plan->p, 3, plain);
+        plan->p, 4, plain);
     plan->softmax = dnnl::softmax_forward(smpd);
     plan->scratch_softmax = smpd.scratchpad_desc();
     auto cpd = dnnl::matmul::primitive_desc(Engine(), plan->p, plan->v, plan->out, plain);
