@@ -5,7 +5,12 @@ v: ``[B, H, S, D]`` or ``[B, S, H, D]``), ``out_layout=bhsd|bshd``, ``scale=<flo
 ``1/sqrt(D)``), ``causal=0|1`` (``-inf`` above the diagonal, aligned top-left as in torch's
 ``is_causal``: query ``i`` sees keys ``0..i``), ``mask=0|1`` (an additive float mask
 broadcastable to ``[B, H, Sq, Sk]``), ``zero_masked=0|1`` (a query whose mask row is all
-``-inf`` gets 0, SDPA's safe softmax, instead of NaN).
+``-inf`` gets 0, SDPA's safe softmax, instead of NaN), ``cache=0|1`` (a decode step with a KV
+cache: ``plus.attention(q, k, v, k_new, v_new, [mask], config, out)``, k and v the cache's
+``[T, B, Hkv, D]`` views whose last position is the new token's slot, read in place; ``k_new``
+and ``v_new``, one position in ``layout``, are written into that slot first). k and v may have
+fewer heads than q (grouped-query attention: query head ``h`` reads kv head
+``h // (H / Hkv)``).
 
 Runs ``torch.nn.functional.scaled_dot_product_attention``: flash attention on CPU and on CUDA
 (or memory-efficient/cuDNN attention where flash does not apply). ``bshd`` inputs are passed as
