@@ -88,10 +88,33 @@ def test_vgg16_tiny_classifier_linears_are_matched_in_bfloat16():
     cm = plus_tvm.compile(model, example_args=args)
     stats = cm.stats["dispatch"]
     assert stats["matched"].get("gemm_epilogue") == 3, stats["matched"]
+    assert stats["library"].get("gemm_epilogue") == 3, stats
     with torch.no_grad():
         want = model(*args).float()
     got = cm(*args).float()
     assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max()) + 2.0**-7
+
+
+class PoolFlattenLinear(torch.nn.Module):
+    """VGG's classifier head: max pool (float32 between casts in a half model), flatten, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.max_pool2d(x, 2)
+        return torch.relu(self.fc(torch.flatten(x, 1)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_flattened_pool_output_feeds_the_library_linear(dtype):
+    """The cast before the flatten is no prologue of the GEMM: a growing subgraph is read
+    without unit loops, so it cannot pass for the second half of a one-row attention (that
+    took the bias, cast and ReLU along and left the linear without its epilogue)."""
+    torch.manual_seed(0)
+    stats = _check(PoolFlattenLinear(), (torch.randn(1, 8, 4, 4),), dtype)
+    assert stats["library"] == {"gemm_epilogue": 1}, stats
 
 
 # ------------------------------------------------------------------------- the matcher itself

@@ -177,15 +177,18 @@ class Identifier:
         def forms(e) -> tuple[PlusGraph, ...]:  # noqa: ANN001
             return (graph, batch) if e.batched and batch is not None else (graph,)
 
-        partial = [e for e in pool if any(partial_match(e.graph, g) is not None for g in forms(e))]
-        if not partial:
-            return None
-        full = []
-        for e in partial:
+        # still reachable: a partial match (read without unit loops), or a full one with them
+        # (a one-row GEMM grows as a full match at every step; see ``plusgraph.match``)
+        partial, full = [], []
+        for e in pool:
             found = [f for g in forms(e) if (f := full_match_units(e.graph, g)) is not None]
             if found:
                 b, units = min(found, key=lambda f: f[1])
                 full.append((e, b, units))
+            if found or any(partial_match(e.graph, g) is not None for g in forms(e)):
+                partial.append(e)
+        if not partial:
+            return None
         # an entry that fits without taking loops as unit loops (see ``plusgraph.match``)
         # beats one that needs them: a GEMM is no 1x1 convolution of one pixel
         fewest = min((units for _, _, units in full), default=0)

@@ -20,9 +20,12 @@ applied recursively over the loop tree:
 
 *Unit loops*: the builder drops every loop of extent 1, so a pattern's parallelizable loop that
 performs no operation itself also matches where the subgraph has no loop for it, its size bound
-to 1 and its nested loops standing in its place (both conditions). A one-row GEMM -- a
-matrix-vector product, ``[1, K] x [K, N]`` -- is the GEMM pattern with ``M = 1``; a softmax
-over one row is the softmax pattern. A reading with fewer unit loops wins.
+to 1 and its nested loops standing in its place. A one-row GEMM -- a matrix-vector product,
+``[1, K] x [K, N]`` -- is the GEMM pattern with ``M = 1``. A reading with fewer unit loops wins.
+Only a full match takes unit loops: a subgraph still growing is read without them (an
+identification step stays a candidate while some pattern partially matches it, or fully with
+unit loops; imagined loops on a partial reading let a GEMV's cast prologue pass for the second
+half of an attention of one row).
 """
 
 from __future__ import annotations
@@ -94,10 +97,10 @@ def _seq_full(ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding) ->
                 yield b2, n1 + n2
 
 
-def _loop_partial(p: PlusLoop, s: PlusLoop, binding: Binding) -> Found:
+def _loop_partial(p: PlusLoop, s: PlusLoop, binding: Binding) -> Iterator[Binding]:
     if p.parallel and not s.parallel:
         return
-    if not _ops_ok(p, s, False):
+    if len(p.children) < len(s.children) or not _ops_ok(p, s, False):
         return
     b = _unify(p.size, s.size, binding)
     if b is None:
@@ -105,23 +108,15 @@ def _loop_partial(p: PlusLoop, s: PlusLoop, binding: Binding) -> Found:
     yield from _seq_partial(p.children, s.children, b)
 
 
-def _seq_partial(ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding) -> Found:
-    """The subgraph's loops ``ss`` align, in order, with a subsequence of ``ps`` (a pattern
-    loop left out is one a later extension may still add), pattern loops taken as unit loops
-    giving way to their nested loops."""
+def _seq_partial(
+    ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding
+) -> Iterator[Binding]:
     if not ss:
-        yield b, 0
+        yield b
         return
-    if not ps:
-        return
-    for b1, n1 in _loop_partial(ps[0], ss[0], b):
-        for b2, n2 in _seq_partial(ps[1:], ss[1:], b1):
-            yield b2, n1 + n2
-    unit = _unit(ps[0], b)
-    if unit is not None:
-        for b1, n in _seq_partial(ps[0].children + ps[1:], ss, unit):
-            yield b1, n + 1
-    yield from _seq_partial(ps[1:], ss, b)
+    for i in range(len(ps) - len(ss) + 1):
+        for b1 in _loop_partial(ps[i], ss[0], b):
+            yield from _seq_partial(ps[i + 1 :], ss[1:], b1)
 
 
 def unbatched(graph: PlusGraph) -> PlusGraph | None:
@@ -163,5 +158,8 @@ def full_match_units(pattern: PlusGraph, graph: PlusGraph) -> tuple[Binding, int
 
 
 def partial_match(pattern: PlusGraph, graph: PlusGraph) -> Binding | None:
-    """The size binding when ``graph`` may still grow into ``pattern`` (or matches it)."""
-    return next((b for b, _ in _seq_partial(pattern.roots, graph.roots, {})), None)
+    """The size binding when ``graph`` may still grow into ``pattern`` (or matches it); no
+    loop is taken as a unit loop here (see the module's docstring)."""
+    if len(pattern.roots) < len(graph.roots):
+        return None
+    return next(_seq_partial(pattern.roots, graph.roots, {}), None)
