@@ -1,7 +1,8 @@
 """Causal LMs to generate with, by reference: ``zoo:NAME`` (a zoo entry whose model is a
 transformers LM head model: ``gpt2``, ``gpt2-tiny``, ``llama``, ``llama-tiny``) or
 ``arch:NAME`` (a decoder of :mod:`plus_tvm.arch_suite` with its causal-LM head, from the
-suite's tiny config; ``arch:gpt2`` and ``arch:llama`` are tiny configs of those two). Random
+suite's tiny config; ``arch:gpt2`` and ``arch:llama`` are tiny configs of those two, and
+``arch:llama-150m`` the full-size LLaMA-style model of issue 38's generation table). Random
 weights from ``seed``; nothing is downloaded."""
 
 from __future__ import annotations
@@ -31,6 +32,20 @@ _EXTRA = MappingProxyType(
                 "max_position_embeddings": 64,
             },
         ),
+        # LLaMA-style, 134M parameters (about GPT-2 small's size; its LM head is untied):
+        # 12 layers, hidden 768, 12 heads (no GQA), SwiGLU 2048, vocabulary 32000
+        "llama-150m": (
+            "LlamaConfig",
+            {
+                "vocab_size": 32000,
+                "hidden_size": 768,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "num_key_value_heads": 12,
+                "intermediate_size": 2048,
+                "max_position_embeddings": 2048,
+            },
+        ),
     }
 )
 _TOKENS = {"vocab_size": 100, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
@@ -42,6 +57,17 @@ def arch_names() -> list[str]:
 
     decoders = [n for n, e in arch_suite.ENTRIES.items() if e["family"] == "decoder"]
     return [*_EXTRA, *decoders]
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Parameters of ``model``, each shared (tied) tensor counted once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of ``model``'s parameters in their dtypes, each shared (tied) tensor once: what
+    a decode step streams from memory (every weight is read once a step)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def arch_config(name: str, **overrides: Any) -> object:
