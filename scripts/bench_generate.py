@@ -1,7 +1,7 @@
 """Text-generation table of issue 38: prefill and per-token decode latency of plus
 (``compile_lm``) against transformers' ``generate`` eager and compiled with a static cache.
 
-Usage (full size, as the issue asks; about 40 minutes on 2 cores):
+Usage (full size, as the issue asks; roughly 40-60 minutes on a quiet 2-core machine):
     .venv/bin/python scripts/bench_generate.py --json gen.json
 Tiny and quick:
     .venv/bin/python scripts/bench_generate.py --models arch:gpt2 --prompt 8 --new-tokens 4 \

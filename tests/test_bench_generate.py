@@ -102,3 +102,18 @@ def test_llama_150m_reference():
     assert isinstance(model, transformers.LlamaForCausalLM)
     assert parameter_count(model) == 134_105_856  # 12 x 768, SwiGLU 2048, vocabulary 32000
     assert weight_bytes(model.to(torch.bfloat16)) == 2 * 134_105_856
+
+
+def test_transformers_side_uses_a_cache_and_no_eos():
+    from plus_tvm.lm.bench import greedy_config, hf_runner
+    from plus_tvm.lm.models import load_causal_lm
+
+    model = load_causal_lm("zoo:gpt2-tiny")  # (built with use_cache=False for forward timing)
+    config = greedy_config(model, 3)
+    assert config.use_cache and config.eos_token_id == [] and config.min_new_tokens == 3
+    ids = torch.randint(0, 999, (2, PROMPT), generator=torch.Generator().manual_seed(0))
+    out = hf_runner(model, ids, torch.ones_like(ids), return_dict_in_generate=True)(3)()
+    assert out.sequences.shape == (2, PROMPT + 3)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    assert cache is not None and cache.layers[0].keys.shape[-2] == PROMPT + 2
+    assert model.generation_config.eos_token_id == 999  # (the model's own config unchanged)

@@ -37,6 +37,7 @@ def greedy_config(model: torch.nn.Module, new_tokens: int, **fields: object) -> 
     # token (None would be filled in from the model's config, and min_new_tokens would then
     # suppress the eos logit, which plus's generate(eos_token_id=[]) does not)
     config.eos_token_id = []
+    config.use_cache = True  # (the zoo's LMs are built with use_cache=False for forward timing)
     config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
     config.max_new_tokens, config.min_new_tokens, config.do_sample = new_tokens, new_tokens, False
     for key, value in fields.items():
