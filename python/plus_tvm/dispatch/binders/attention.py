@@ -230,6 +230,8 @@ def _cache_append(ctx: Ctx, t: relax.Expr) -> tuple[relax.Expr, relax.Expr] | No
     if permute_axes(perm[1]) != [1, 2, 0, 3]:
         return None
     cache = perm[1].args[0]
+    if not _written_safely(ctx, cache, perm[0], found[0]):
+        return None
     dims = _dims(cache)
     if dims is None or len(dims) != 4 or not _equal_dims(_dims(t), _dims(old)):
         return None
@@ -237,6 +239,22 @@ def _cache_append(ctx: Ctx, t: relax.Expr) -> tuple[relax.Expr, relax.Expr] | No
     if not _equal_dims(_dims(new), [b, h, 1, d]) or not _is_last_position(ctx, cond, length):
         return None
     return cache, _compact_new(ctx, new)
+
+
+def _written_safely(ctx: Ctx, cache: relax.Expr, permute: int, select: int) -> bool:
+    """The kernel may write the new token into ``cache``'s slot: ``cache`` is an input of the
+    function (not a value of the block) read only by ``permute``, whose value only ``select``
+    reads (nothing else sees the slot change)."""
+    if not isinstance(cache, relax.Var) or ctx.index(cache) is not None:
+        return False
+    if ctx.g.sole_reader(permute) != select:
+        return False
+    readers = [
+        node.index
+        for node in ctx.g.nodes
+        if node.call is not None and any(a.same_as(cache) for a in node.call.args)
+    ]
+    return readers == [permute]
 
 
 def _compact_new(ctx: Ctx, new: relax.Expr) -> relax.Expr:
