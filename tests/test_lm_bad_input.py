@@ -129,3 +129,21 @@ def test_unknown_model_reference():
         load_causal_lm("arch:bert")
     with pytest.raises(UnknownModelError, match="not a causal LM"):
         load_causal_lm("zoo:bert-base-tiny")
+
+
+def test_max_batch_two_compiles_and_refuses_three():
+    """max_batch equal to the export's example batch (2): the program once came out with sizes
+    TVM could not infer (GPT-2's view failed to import); the compiled range is wider than the
+    limit, which generate enforces."""
+    from plus_tvm.lm.models import load_causal_lm
+
+    model = load_causal_lm("arch:gpt2")
+    compiled = plus_tvm.compile_lm(model, max_batch=2, max_length=16)
+    ids = torch.randint(3, 100, (2, 4))
+    out = compiled.generate(ids, 3, eos_token_id=[])
+    ref = model.generate(
+        ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, eos_token_id=[], use_cache=True
+    )
+    assert torch.equal(out, ref)
+    with pytest.raises(InputError, match="batch 3 is above max_batch=2"):
+        compiled.generate(torch.randint(3, 100, (3, 4)), 2)

@@ -62,7 +62,9 @@ def export_steps(
     length = min(_EXAMPLE_LENGTH, max_length - 1)
     if length < 2:
         raise ModelLoadError(f"compile_lm: max_length={max_length} is too short (at least 3)")
-    b_dim = torch.export.Dim("batch", min=1, max=max_batch) if batch > 1 else None
+    # (the example must lie strictly inside the range: with max == the example batch the
+    # program's sizes came out unknown to TVM; generate checks max_batch itself)
+    b_dim = torch.export.Dim("batch", min=1, max=max(max_batch, batch + 1)) if batch > 1 else None
     t_dim = torch.export.Dim("length", min=1, max=max_length)
     # past + the new token; a past of 1 is a special case to torch.export (prefill runs then)
     total = torch.export.Dim("total", min=MIN_DECODE_PAST + 1, max=max_length)
