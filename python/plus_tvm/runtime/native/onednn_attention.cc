@@ -105,6 +105,15 @@ memory::desc Heads(const DLTensor* t, Layout layout, int64_t groups, bool transp
                       memory::dims{st[0], st[1] * r, st[1], st[2], st[3]});
 }
 
+// ``d`` without its third dim when that is 1 (every head its own kv head): oneDNN's fast
+// matmuls take 4-D batches, a 5-D one with a broadcast dim may run its reference code
+memory::desc Squeezed(const memory::desc& d, bool squeeze) {
+  if (!squeeze) return d;
+  memory::dims dims = d.get_dims(), st = d.get_strides();
+  return memory::desc({dims[0], dims[1], dims[3], dims[4]}, d.get_data_type(),
+                      memory::dims{st[0], st[1], st[3], st[4]});
+}
+
 struct Plan {
   dnnl::matmul scores;
   dnnl::softmax_forward softmax;
@@ -296,8 +305,13 @@ class Attention : public KernelBase {
     plan->out = Heads(out, layouts[3], groups, false, dt);
     memory::dims qdims = plan->q.get_dims();  // [B, G, R, Sq, D]
     int64_t b = qdims[0], r = qdims[2], d = qdims[4];
-    plan->s = memory::desc({b, groups, r, sq, sk}, f32, memory::format_tag::abcde);
-    plan->p = memory::desc({b, groups, r, sq, sk}, dt, memory::format_tag::abcde);
+    bool mha = r == 1;
+    plan->q = Squeezed(plan->q, mha);
+    plan->kt = Squeezed(plan->kt, mha);
+    plan->v = Squeezed(plan->v, mha);
+    plan->out = Squeezed(plan->out, mha);
+    plan->s = Squeezed(memory::desc({b, groups, r, sq, sk}, f32, memory::format_tag::abcde), mha);
+    plan->p = Squeezed(memory::desc({b, groups, r, sq, sk}, dt, memory::format_tag::abcde), mha);
     float scale = cfg.has_scale ? cfg.scale : 1.f / std::sqrt(static_cast<float>(d));
     dnnl::post_ops ops;
     ops.append_eltwise(algorithm::eltwise_linear, scale, 0.f);
@@ -309,7 +323,7 @@ class Attention : public KernelBase {
                                       : memory::dims{m4[0], groups, r, m4[2], m4[3]};
       memory::data_type mask_dt;
       if (!DataTypeOf(mask->dtype, &mask_dt)) return nullptr;
-      plan->mask = memory::desc(mdims, mask_dt, memory::format_tag::abcde);
+      plan->mask = Squeezed(memory::desc(mdims, mask_dt, memory::format_tag::abcde), mha);
       plan->mask_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
       ops.append_binary(algorithm::binary_add, plan->mask);
     }
@@ -320,7 +334,8 @@ class Attention : public KernelBase {
           plan->causal[i * sk + j] = -std::numeric_limits<float>::infinity();
         }
       }
-      plan->causal_mask = memory::desc({1, 1, 1, sq, sk}, f32, memory::format_tag::abcde);
+      plan->causal_mask =
+          Squeezed(memory::desc({1, 1, 1, sq, sk}, f32, memory::format_tag::abcde), mha);
       plan->causal_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
       ops.append_binary(algorithm::binary_add, plan->causal_mask);
     }
@@ -334,7 +349,7 @@ class Attention : public KernelBase {
     plain.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     auto smpd = dnnl::softmax_forward::primitive_desc(
         Engine(), dnnl::prop_kind::forward_inference, algorithm::softmax_accurate, plan->s,
-        plan->p, 4, plain);
+        plan->p, mha ? 3 : 4, plain);
     plan->softmax = dnnl::softmax_forward(smpd);
     plan->scratch_softmax = smpd.scratchpad_desc();
     auto cpd = dnnl::matmul::primitive_desc(Engine(), plan->p, plan->v, plan->out, plain);
