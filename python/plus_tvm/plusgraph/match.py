@@ -22,10 +22,9 @@ applied recursively over the loop tree:
 performs no operation itself also matches where the subgraph has no loop for it, its size bound
 to 1 and its nested loops standing in its place. A one-row GEMM -- a matrix-vector product,
 ``[1, K] x [K, N]`` -- is the GEMM pattern with ``M = 1``. A reading with fewer unit loops wins.
-Only a full match takes unit loops: a subgraph still growing is read without them (an
-identification step stays a candidate while some pattern partially matches it, or fully with
-unit loops; imagined loops on a partial reading let a GEMV's cast prologue pass for the second
-half of an attention of one row).
+A subgraph still growing is read without unit loops where it can be, else with one (a decode
+step's one-row attention); more imagined loops on a partial reading let a GEMV's cast prologue
+pass for the second half of an attention of one row.
 """
 
 from __future__ import annotations
@@ -97,7 +96,7 @@ def _seq_full(ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding) ->
                 yield b2, n1 + n2
 
 
-def _loop_partial(p: PlusLoop, s: PlusLoop, binding: Binding) -> Iterator[Binding]:
+def _loop_partial(p: PlusLoop, s: PlusLoop, binding: Binding, units: int) -> Iterator[Binding]:
     if p.parallel and not s.parallel:
         return
     if len(p.children) < len(s.children) or not _ops_ok(p, s, False):
@@ -105,18 +104,25 @@ def _loop_partial(p: PlusLoop, s: PlusLoop, binding: Binding) -> Iterator[Bindin
     b = _unify(p.size, s.size, binding)
     if b is None:
         return
-    yield from _seq_partial(p.children, s.children, b)
+    yield from _seq_partial(p.children, s.children, b, units)
 
 
 def _seq_partial(
-    ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding
+    ps: tuple[PlusLoop, ...], ss: tuple[PlusLoop, ...], b: Binding, units: int
 ) -> Iterator[Binding]:
+    """The subgraph's loops ``ss`` align, in order, with a subsequence of ``ps`` (a pattern
+    loop left out is one a later extension may still add); at most ``units`` pattern loops
+    are taken as unit loops, their nested loops standing in their place."""
     if not ss:
         yield b
         return
     for i in range(len(ps) - len(ss) + 1):
-        for b1 in _loop_partial(ps[i], ss[0], b):
-            yield from _seq_partial(ps[i + 1 :], ss[1:], b1)
+        for b1 in _loop_partial(ps[i], ss[0], b, units):
+            yield from _seq_partial(ps[i + 1 :], ss[1:], b1, units)
+    if units and ps:
+        unit = _unit(ps[0], b)
+        if unit is not None:
+            yield from _seq_partial(ps[0].children + ps[1:], ss, unit, units - 1)
 
 
 def unbatched(graph: PlusGraph) -> PlusGraph | None:
@@ -158,8 +164,15 @@ def full_match_units(pattern: PlusGraph, graph: PlusGraph) -> tuple[Binding, int
 
 
 def partial_match(pattern: PlusGraph, graph: PlusGraph) -> Binding | None:
-    """The size binding when ``graph`` may still grow into ``pattern`` (or matches it); no
-    loop is taken as a unit loop here (see the module's docstring)."""
+    """The size binding when ``graph`` may still grow into ``pattern`` (or matches it).
+
+    A reading without unit loops comes first; else one taking a single pattern loop as a unit
+    loop (an attention of one query row: a decode step's ``q @ k^T`` has no query loop). More
+    imagined loops on a growing subgraph let a GEMV's cast prologue pass for the second half
+    of a one-row attention (see the module's docstring)."""
     if len(pattern.roots) < len(graph.roots):
         return None
-    return next(_seq_partial(pattern.roots, graph.roots, {}), None)
+    found = next(_seq_partial(pattern.roots, graph.roots, {}, 0), None)
+    if found is None:
+        found = next(_seq_partial(pattern.roots, graph.roots, {}, 1), None)
+    return found
