@@ -20,7 +20,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("b") / "bundle")
-    manifest = gpu_bundle.build_bundle(out, ["bert-base-tiny"], ["plus-off"], log=lambda m: None)
+    manifest = gpu_bundle.build_bundle(
+        out, ["bert-base-tiny"], ["plus-off"], log=lambda m: None, isolate=False
+    )
     return out, manifest
 
 
@@ -28,12 +30,14 @@ def test_bundle_holds_libraries_inputs_and_a_runtime_only_tvm(built):
     out, manifest = built
     assert manifest["bytes"] <= gpu_bundle.LIMIT_BYTES
     record = json.load(open(os.path.join(out, "manifest.json")))["models"]["bert-base-tiny"]
-    lib = os.path.join(out, record["variants"]["plus-off"]["library"])
+    assert list(record["dtypes"]) == ["fp32"]  # the default: float32 only, as before
+    variant = record["dtypes"]["fp32"]["variants"]["plus-off"]
+    lib = os.path.join(out, variant["library"])
     meta = json.load(open(lib + ".json"))
     assert meta["target"]["kind"] == "cuda" and meta["target"]["arch"] == "sm_90"
     assert meta["external"], "weights travel as names, taken from the rebuilt torch model"
     assert record["state"] == "state.pt" and record["input_sets"] == 3
-    sigs = record["variants"]["plus-off"]["kernel_signatures"]  # for gpu_check --kernels
+    sigs = variant["kernel_signatures"]  # for gpu_check --kernels
     assert sigs and all(e["launches"] >= 1 and e["args"] for e in sigs.values())
     assert all(
         isinstance(shape, list) and dtype for e in sigs.values() for shape, dtype in e["args"]
@@ -43,7 +47,8 @@ def test_bundle_holds_libraries_inputs_and_a_runtime_only_tvm(built):
     assert "tvm/lib/libtvm_runtime.so" in names and "tvm/lib/libtvm_runtime_cuda.so" in names
     assert not any("libtvm_compiler" in n for n in names)
     wheels = [f for f in os.listdir(os.path.join(out, "runtime")) if f.endswith(".whl")]
-    assert len(wheels) == 1 and "cp312" in wheels[0]
+    assert sorted(w.split("-")[0] for w in wheels) == ["apache_tvm_ffi", "ml_dtypes"]
+    assert all("cp312" in w for w in wheels)
     assert os.access(os.path.join(out, "run.sh"), os.X_OK)
 
 
@@ -99,11 +104,12 @@ def test_table_separates_plus_from_the_tvm_baseline():
     assert len({ln.count("|") for ln in lines}) == 1  # header, rule and rows line up
     # auto vs off, always vs off, gir vs always, auto vs torch, auto vs compile (not timed),
     # auto vs compile ro; the error, the widest round spread, correctness of plus and of TVM
-    expected = "| 4.00x | 2.00x | 1.25x | 3.00x | - | 0.50x | 1.0e-07 | 4.0% | yes | NO |"
-    assert expected in lines[-1]
+    # (a result of the float32-only format: torch's own error is not measured there)
+    expected = "| 4.00x | 2.00x | 1.25x | 3.00x | - | 0.50x | 1.0e-07 | - | 4.0% | yes | NO |"
+    assert lines[-1].startswith("| m | fp32 |") and expected in lines[-1]
     assert plus_failures(results) == []  # TVM's wrong baseline is not a failure of the check
     results["models"]["m"]["variants"]["plus-auto"] = dict(row, correct=False)
-    assert plus_failures(results) == ["m"]
+    assert plus_failures(results) == ["m fp32"]
 
 
 def test_kernel_table_compares_the_same_kernels_of_two_variants():
@@ -118,9 +124,9 @@ def test_kernel_table_compares_the_same_kernels_of_two_variants():
         }
     }
     lines = kernel_table(results, "plus-always", "plus-gir").splitlines()
-    assert lines[2] == "| m | k1 | 0.2000 | 0.1000 | 2.00x |"  # slowest under the first first
-    assert lines[3] == "| m | k2 | 0.1000 | 0.2000 | 0.50x |"
-    assert lines[4] == "| m | all 2 | 0.3000 | 0.3000 | 1.00x |"
+    assert lines[2] == "| m | fp32 | k1 | 0.2000 | 0.1000 | 2.00x |"  # slowest under a first
+    assert lines[3] == "| m | fp32 | k2 | 0.1000 | 0.2000 | 0.50x |"
+    assert lines[4] == "| m | fp32 | all 2 | 0.3000 | 0.3000 | 1.00x |"
 
 
 def test_variants_are_timed_in_rounds_in_turn():
@@ -132,7 +138,7 @@ def test_variants_are_timed_in_rounds_in_turn():
     order = []
     timers = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
     rows = {"a": {"median_ms": 5.0}, "b": {"median_ms": 1.0}}
-    args = argparse.Namespace(rounds=3, runs=2, deadline=time.perf_counter() + 60)
+    args = argparse.Namespace(rounds=3, runs=2, deadline=time.time() + 60)
     _more_rounds(rows, timers, args)
     assert len(rows["a"]["round_ms"]) == len(rows["b"]["round_ms"]) == 3
     assert order[:4] == ["a", "a", "a", "a"] and order[4:8] == ["b"] * 4  # a's round, then b's

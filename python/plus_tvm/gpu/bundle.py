@@ -3,18 +3,22 @@
 The GPU machine this project is lent at times has torch (CUDA) but no apache-tvm, and a call to
 it carries at most 64 MiB. :func:`build_bundle` (on the CPU machine) compiles zoo models for
 ``cuda`` (sm_90 by default) in several variants (plus with ``cuda_graph=off`` / ``always`` /
-``auto``, TVM's default CUDA pipeline) and writes one folder:
+``auto``, TVM's default CUDA pipeline) and dtypes (``fp32``; ``bf16`` / ``fp16``: the model
+as ``model.to(dtype)``, floating inputs in that dtype, integer inputs unchanged) and writes one
+folder:
 
-- ``manifest.json``: the bundle's models, variants, compile figures, versions, and per variant
-  the argument shapes of every TIR kernel (``gpu_check --kernels`` times them one by one);
-- ``models/NAME/VARIANT.so`` (+ ``.json``, ``.params``): each exported with
+- ``manifest.json``: the bundle's models, and per model and dtype its variants, compile
+  figures, and per variant the argument shapes of every TIR kernel (``gpu_check --kernels``
+  times them one by one); versions;
+- ``models/NAME/DTYPE/VARIANT.so`` (+ ``.json``, ``.params``): each exported with
   ``weights="external"``, so the weights come from the torch model rebuilt on the GPU side
   (:func:`plus_tvm.load` with ``weights=``) and only derived constants travel;
-- ``models/NAME/inputs.npz``: three input sets; ``models/NAME/state.pt``: the torch state dict
-  where it is small (tiny models), else a fingerprint of it, which the GPU side checks after
-  rebuilding the model from the same seed (BatchNorm statistics are baked into the code);
-- ``runtime/``: TVM's Python package without its compiler library, and the tvm-ffi wheel for
-  the GPU machine's Python (fetched from PyPI with pip);
+- ``models/NAME/inputs.npz``: three input sets in float32 (cast to the dtype on both sides);
+  ``models/NAME/state.pt``: the float32 torch state dict where it is small (tiny models), else
+  a fingerprint of it, which the GPU side checks after rebuilding the model from the same seed
+  (BatchNorm statistics are baked into the code), before it converts the model to each dtype;
+- ``runtime/``: TVM's Python package without its compiler library, and the wheels of tvm-ffi
+  and ml_dtypes (TVM's numpy bfloat16) for the GPU machine's Python (fetched with pip);
 - ``run.sh``: installs that runtime under /tmp and runs :mod:`plus_tvm.gpu.check`.
 
 The folder stays under :data:`LIMIT_BYTES` or :func:`build_bundle` fails.
@@ -36,12 +40,13 @@ import numpy as np
 import torch
 
 from .. import zoo
-from ..errors import PlusError
+from ..errors import InternalCompileError, PlusError
 from ..options import Options
 
 LIMIT_BYTES = 64 * 1024 * 1024 - 4 * 1024 * 1024  # a device call carries 64 MiB: keep 4 spare
 STATE_LIMIT_BYTES = 4 * 1024 * 1024  # state dicts up to this size travel; larger: fingerprint
 INPUT_SEEDS = (11, 12, 13)
+DTYPES = ("fp32", "bf16", "fp16")  # accuracy.DTYPE_NAMES: torch.float32 / bfloat16 / float16
 WEIGHT_SEED = 0
 GPU_PYTHON = "3.12"  # the GPU machine's python3 (device KINDS.md)
 
@@ -74,19 +79,50 @@ def fingerprint(state: dict) -> dict[str, list[float]]:
     return out
 
 
+def cast_inputs(inputs: Sequence, dtype: str) -> list:
+    """``inputs`` (torch tensors) in ``dtype`` where floating; integer inputs (token ids)
+    unchanged."""
+    from ..accuracy import DTYPE_NAMES
+
+    want = getattr(torch, DTYPE_NAMES[dtype])
+    return [t.to(want) if t.is_floating_point() else t for t in inputs]
+
+
+def in_dtype(model: torch.nn.Module, inputs: Sequence, dtype: str) -> tuple:
+    """``model`` and ``inputs`` in ``dtype`` (a copy of the model unless ``fp32``; inputs by
+    :func:`cast_inputs`): what a user runs after ``model.to(dtype)``. The same on both
+    machines."""
+    import copy
+
+    from ..accuracy import DTYPE_NAMES
+
+    if dtype == "fp32":
+        return model, list(inputs)
+    converted = copy.deepcopy(model).eval().to(getattr(torch, DTYPE_NAMES[dtype]))
+    return converted, cast_inputs(inputs, dtype)
+
+
 def build_bundle(
     out: str,
     models: Sequence[str],
     variants: Sequence[str] = DEFAULT_VARIANTS,
     arch: str = "sm_90",
     log: object = print,
+    dtypes: Sequence[str] = ("fp32",),
+    isolate: bool = True,
 ) -> dict:
-    """Compile ``models`` for CUDA ``arch`` in ``variants`` and pack them into ``out``."""
+    """Compile ``models`` for CUDA ``arch`` in ``variants`` and ``dtypes`` (of :data:`DTYPES`)
+    and pack them into ``out``. A variant that fails to compile is recorded with its error (the
+    GPU side reports it); with ``isolate`` each model and dtype compiles in a child process, so
+    that a crash of the compiler (a segfault in TVM) is recorded the same way."""
     from ..compiler import compile as plus_compile  # needs TVM's compiler library
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise PlusError(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or not dtypes or len(set(dtypes)) != len(dtypes):
+        raise PlusError(f"dtypes {list(dtypes)}: give each once, of {', '.join(DTYPES)}")
     for name in models:
         zoo.get(name)  # unknown names fail before any work
     if os.path.exists(out):
@@ -94,10 +130,11 @@ def build_bundle(
     os.makedirs(os.path.join(out, "models"))
     target = {"kind": "cuda", "arch": arch}
     manifest: dict = {
-        "format": "plus_tvm.gpu_bundle/1",
+        "format": "plus_tvm.gpu_bundle/2",
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "target": target,
         "versions": _versions(),
+        "dtypes": list(dtypes),
         "models": {},
     }
     for name in models:
@@ -120,28 +157,19 @@ def build_bundle(
             "num_inputs": len(example),
             "fingerprint": fingerprint(state),
             "state": None,
-            "variants": {},
+            "dtypes": {},
         }
         if sum(t.numel() * t.element_size() for t in state.values()) <= STATE_LIMIT_BYTES:
             torch.save(state, os.path.join(folder, "state.pt"))
             record["state"] = "state.pt"
-        for vname in variants:
-            variant = VARIANTS[vname]
-            start = time.perf_counter()
-            compiled = plus_compile(
-                model, target, example, options=variant.options, pipeline=variant.pipeline
-            )
-            lib = os.path.join(folder, f"{vname}.so")
-            compiled.export_library(lib, weights="external")
-            record["variants"][vname] = {
-                "library": os.path.relpath(lib, out),
-                "compile_s": round(time.perf_counter() - start, 2),
-                "kernels": compiled.stats.get("kernels"),
-                "library_calls": compiled.stats.get("library_calls"),
-                # what gpu_check --kernels times kernel by kernel (kernel_timing)
-                "kernel_signatures": _kernel_signatures(model, example, target, variant),
-            }
-            log(f"[gpu_bundle] {name} {vname}: {record['variants'][vname]['compile_s']} s")
+        for dtype in dtypes:
+            if isolate:
+                done = _compile_in_child(name, dtype, variants, arch, out, log)
+            else:
+                done = _compile_variants(
+                    plus_compile, name, dtype, model, example, variants, target, out, log
+                )
+            record["dtypes"][dtype] = {"variants": done}
         manifest["models"][name] = record
     _pack_runtime(os.path.join(out, "runtime"))
     with open(os.path.join(out, "manifest.json"), "w") as f:
@@ -155,6 +183,118 @@ def build_bundle(
             "pack fewer or smaller models"
         )
     return manifest
+
+
+def _compile_variants(
+    plus_compile: object,
+    name: str,
+    dtype: str,
+    model: torch.nn.Module,
+    example: list,
+    variants: Sequence[str],
+    target: dict,
+    out: str,
+    log: object,
+) -> dict:
+    """Compile and export ``model`` in ``dtype`` in each of ``variants``: their records."""
+    model, example = in_dtype(model, example, dtype)
+    folder = os.path.join(out, "models", name, dtype)
+    os.makedirs(folder)
+    records = {}
+    for vname in variants:
+        variant = VARIANTS[vname]
+        start = time.perf_counter()
+        try:
+            compiled = plus_compile(
+                model, target, example, options=variant.options, pipeline=variant.pipeline
+            )
+        except (PlusError, InternalCompileError) as err:  # recorded: the GPU side reports it
+            records[vname] = {
+                "error": f"{type(err).__name__}: {err}",
+                "compile_s": round(time.perf_counter() - start, 2),
+            }
+            log(f"[gpu_bundle] {name} {dtype} {vname}: FAILED {records[vname]['error']}")
+            continue
+        lib = os.path.join(folder, f"{vname}.so")
+        compiled.export_library(lib, weights="external")
+        records[vname] = {
+            "library": os.path.relpath(lib, out),
+            "compile_s": round(time.perf_counter() - start, 2),
+            "kernels": compiled.stats.get("kernels"),
+            "library_calls": compiled.stats.get("library_calls"),
+            "bytes": folder_bytes(folder, prefix=f"{vname}.so"),
+            # what gpu_check --kernels times kernel by kernel (kernel_timing)
+            "kernel_signatures": _kernel_signatures(model, example, target, variant),
+        }
+        log(f"[gpu_bundle] {name} {dtype} {vname}: {records[vname]['compile_s']} s")
+    return records
+
+
+def _compile_in_child(
+    name: str, dtype: str, variants: Sequence[str], arch: str, out: str, log: object
+) -> dict:
+    """:func:`_compile_variants` in a child process (``python -m plus_tvm.gpu.bundle``, which
+    rebuilds the model from the same seed); a child that dies records the death per variant."""
+    result = os.path.join(out, "models", name, f".{dtype}.json")
+    cmd = [sys.executable, "-m", "plus_tvm.gpu.bundle", name, dtype, ",".join(variants)]
+    records = run_child([*cmd, arch, out, result], result, variants)
+    if os.path.exists(result):
+        os.remove(result)
+    for vname, rec in records.items():
+        if "died" in rec.get("error", ""):
+            log(f"[gpu_bundle] {name} {dtype} {vname}: FAILED {rec['error']}")
+    return records
+
+
+def run_child(cmd: list[str], result: str, variants: Sequence[str]) -> dict:
+    """Run ``cmd``, which writes its records to the JSON file ``result``; where it dies or
+    writes none, each of ``variants`` gets the error (the signal, or the last line it wrote)."""
+    import signal
+
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    sys.stderr.write("".join(ln + "\n" for ln in proc.stderr.splitlines() if "[gpu_bundle]" in ln))
+    if proc.returncode == 0 and os.path.exists(result):
+        with open(result) as f:
+            return json.load(f)
+    if proc.returncode < 0:
+        why = f"the compile process died of {signal.Signals(-proc.returncode).name}"
+    else:
+        last = proc.stderr.strip().splitlines()[-1:] or ["no message"]
+        why = f"the compile process exited {proc.returncode}: {last[0]}"
+    return {v: {"error": why} for v in variants}
+
+
+def _child_main(argv: list[str]) -> int:
+    """The child of :func:`_compile_in_child`: NAME DTYPE VARIANTS ARCH OUT RESULT."""
+    from ..compiler import compile as plus_compile
+
+    name, dtype, variants, arch, out, result = argv
+    entry = zoo.get(name)
+    model = entry.build(WEIGHT_SEED)
+    example = entry.example_inputs(WEIGHT_SEED)
+    target = {"kind": "cuda", "arch": arch}
+    records = _compile_variants(
+        plus_compile,
+        name,
+        dtype,
+        model,
+        example,
+        variants.split(","),
+        target,
+        out,
+        lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
+    with open(result, "w") as f:
+        json.dump(records, f)
+    return 0
 
 
 def _kernel_signatures(model: object, example: list, target: dict, variant: Variant) -> dict:
@@ -171,9 +311,13 @@ def _kernel_signatures(model: object, example: list, target: dict, variant: Vari
     return signatures(mod)
 
 
-def folder_bytes(path: str) -> int:
+def folder_bytes(path: str, prefix: str = "") -> int:
+    """The bytes of the files under ``path`` (only those whose name starts with ``prefix``)."""
     return sum(
-        os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files
+        os.path.getsize(os.path.join(root, f))
+        for root, _, files in os.walk(path)
+        for f in files
+        if f.startswith(prefix)
     )
 
 
@@ -199,28 +343,34 @@ def _pack_runtime(folder: str) -> None:
 
     with tarfile.open(os.path.join(folder, "tvm_runtime.tar.gz"), "w:gz") as tar:
         tar.add(tvm_dir, arcname="tvm", filter=keep)
-    wheel = _ffi_wheel(tvm_ffi.__version__, folder)
+    import ml_dtypes
+
+    ffi = _wheel("apache-tvm-ffi", tvm_ffi.__version__, folder)
+    # TVM turns bfloat16 arrays into numpy through ml_dtypes (a dependency of apache-tvm)
+    mld = _wheel("ml_dtypes", ml_dtypes.__version__, folder)
     with open(os.path.join(folder, "README"), "w") as f:
         f.write(
             f"tvm_runtime.tar.gz: apache-tvm {tvm.__version__} without libtvm_compiler.so\n"
-            f"{os.path.basename(wheel)}: apache-tvm-ffi for CPython {GPU_PYTHON}\n"
+            f"{os.path.basename(ffi)}: apache-tvm-ffi for CPython {GPU_PYTHON}\n"
+            f"{os.path.basename(mld)}: ml_dtypes for CPython {GPU_PYTHON}\n"
         )
 
 
-def _ffi_wheel(version: str, folder: str) -> str:
-    """Download the tvm-ffi wheel for the GPU machine's Python (binary, manylinux x86-64)."""
+def _wheel(package: str, version: str, folder: str) -> str:
+    """Download ``package``'s wheel for the GPU machine's Python (binary, manylinux x86-64)."""
     platforms = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64"]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
     cmd += ["--python-version", GPU_PYTHON, "--implementation", "cp", "-d", folder]
     for p in platforms:
         cmd += ["--platform", p]
+    before = set(os.listdir(folder))
     proc = subprocess.run(
-        [*cmd, f"apache-tvm-ffi=={version}"], capture_output=True, text=True, timeout=600
+        [*cmd, f"{package}=={version}"], capture_output=True, text=True, timeout=600
     )
-    wheels = [f for f in os.listdir(folder) if f.endswith(".whl")]
+    wheels = [f for f in set(os.listdir(folder)) - before if f.endswith(".whl")]
     if proc.returncode != 0 or not wheels:
         raise PlusError(
-            f"cannot download the apache-tvm-ffi {version} wheel for CPython {GPU_PYTHON}: "
+            f"cannot download the {package} {version} wheel for CPython {GPU_PYTHON}: "
             f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no wheel'}"
         )
     return os.path.join(folder, wheels[0])
@@ -232,13 +382,27 @@ set -e
 here="$(cd "$(dirname "$0")" && pwd)"
 site=/tmp/plus_tvm_site
 mkdir -p "$site"
+wheels=("$here"/runtime/apache_tvm_ffi-*.whl)
+# ml_dtypes (numpy's bfloat16 for TVM) from the bundle only where the machine has none
+python3 -c "import ml_dtypes" 2>/dev/null || wheels+=("$here"/runtime/ml_dtypes-*.whl)
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \\
-    "$here"/runtime/*.whl
+    "${{wheels[@]}}"
 tar -C "$site" -xzf "$here/runtime/tvm_runtime.tar.gz"
 export PYTHONPATH="$site:$(pwd)/python" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${{LD_LIBRARY_PATH:-}}"
 out="$1"; shift
-exec python3 -m plus_tvm.gpu.check --bundle "$here" --out "$out" "$@"
+set +e
+# a kernel that crashes kills the process: go on after the model and dtype it was running
+# (gpu_check --resume records it as crashed), at most 4 times
+resume=()
+for attempt in 1 2 3 4 5; do
+    python3 -m plus_tvm.gpu.check --bundle "$here" --out "$out" "${{resume[@]}}" "$@"
+    rc=$?
+    [ "$rc" -lt 128 ] && exit "$rc"
+    echo "[run.sh] gpu_check died (exit $rc); resuming after what it was running" >&2
+    resume=(--resume)
+done
+exit "$rc"
 """
 
 
@@ -247,3 +411,7 @@ def _write_runner(out: str) -> None:
     with open(path, "w") as f:
         f.write(_RUNNER.format(bundle=os.path.basename(out)))
     os.chmod(path, 0o755)
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

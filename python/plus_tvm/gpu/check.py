@@ -43,6 +43,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from plus_tvm import accuracy
+
 REL_TOL = 1e-3  # max |plus - torch| / max |torch|, both in strict float32
 CHECK_ROUNDS = 3  # calls per input set in the check (auto measures over its first 7 calls)
 PEERS = ("eager", "compile", "compile-ro")
@@ -61,30 +63,20 @@ def _timed(fn: Callable[[], object], sync: Callable[[], None], runs: int, warmup
     return {"median_ms": statistics.median(times), "min_ms": min(times), "runs": runs}
 
 
-def _rel_err(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
-    """Max abs error and that over max |want|; NaN where ``want`` is finite counts as inf."""
-    if not got.size:
-        return 0.0, 0.0
-    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
-    diff[np.isnan(got) & ~np.isnan(want)] = np.inf
-    diff[np.isnan(got) & np.isnan(want)] = 0.0
-    err = float(diff.max())
-    scale = float(np.nanmax(np.abs(want))) if want.size else 0.0
-    return err, err / max(scale, 1e-12)
-
-
 def _strict_fp32(torch: object, on: bool) -> None:
     torch.backends.cuda.matmul.allow_tf32 = not on
     torch.backends.cudnn.allow_tf32 = not on
 
 
-def _check_model(name: str, record: dict, bundle: str, args: argparse.Namespace) -> dict:
+def _check_model(
+    name: str, record: dict, bundle: str, args: argparse.Namespace, done: Callable
+) -> dict:
+    """Rebuild ``name``'s torch model, check its weights against the bundle, then check and
+    time every dtype of it (``done(dtype, result)`` after each: saved as it goes)."""
     import torch
 
-    import plus_tvm
     from plus_tvm import zoo
     from plus_tvm.gpu.bundle import fingerprint
-    from plus_tvm.runtime import cuda_graph
 
     folder = os.path.join(bundle, "models", name)
     model = zoo.get(name).build(record["seed"])
@@ -95,56 +87,148 @@ def _check_model(name: str, record: dict, bundle: str, args: argparse.Namespace)
     differ = sorted(
         k for k in want if k not in got or not np.allclose(got[k], want[k], rtol=1e-6, atol=1e-9)
     )
-    result: dict = {"weights_match_bundle": not differ, "variants": {}, "peers": {}}
+    result: dict = {"weights_match_bundle": not differ, "dtypes": {}}
     if differ:
         result["weights_differ"] = differ[:5]
-    model = model.cuda()
+    model = model.cuda().eval()
     data = np.load(os.path.join(folder, "inputs.npz"))
     sets = [
         [data[f"set{k}_{i}"] for i in range(record["num_inputs"])]
         for k in range(record["input_sets"])
     ]
-    cuda_sets = [[torch.from_numpy(a).cuda() for a in s] for s in sets]
+    for dtype, entry in bundle_dtypes(record).items():
+        if args.dtypes and dtype not in args.dtypes:
+            continue
+        if dtype in args.skip.get(name, ()):
+            continue  # (checked before a resumed run)
+        done(dtype, None)  # running: a crash of the process is put down to this dtype
+        try:
+            res = _check_dtype(name, dtype, model, entry["variants"], sets, bundle, args)
+        except Exception as err:  # noqa: BLE001 - one dtype failing must not hide the others
+            res = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(8)}
+            print(f"[gpu_check] {name} {dtype}: FAILED {err}", flush=True)
+        result["dtypes"][dtype] = res
+        done(dtype, result)
+    return result
+
+
+def resume(results: dict) -> dict[str, set]:
+    """Go on from a saved result: the model and dtype it was running when the process died
+    are recorded as crashed; returns, per model, the dtypes done (to skip)."""
+    running = results.pop("running", None)
+    if running:
+        name, dtype = running
+        model = results["models"].setdefault(name, {"dtypes": {}})
+        model.setdefault("dtypes", {})[dtype] = {
+            "error": "the check process died while running it (killed by a signal: a crash, "
+            "e.g. a kernel touching memory it must not); resumed after it",
+            "variants": {},
+            "peers": {},
+        }
+    return {name: set(res.get("dtypes", {})) for name, res in results["models"].items()}
+
+
+def bundle_dtypes(record: dict) -> dict:
+    """A manifest record's dtypes and their variants (a bundle of format 1: float32 only)."""
+    return record.get("dtypes") or {"fp32": {"variants": record["variants"]}}
+
+
+def _host(out: object) -> np.ndarray:
+    """The first output (a tensor, or the first of a tuple) as a float64 numpy array."""
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    if hasattr(out, "detach"):  # torch tensor (on the GPU)
+        return out.detach().double().cpu().numpy()
+    return np.asarray(out).astype(np.float64)
+
+
+def _references(
+    torch: object, model: object, dtype: str, cuda_sets: list
+) -> tuple[str, list, list]:
+    """The reference outputs of the input sets, and torch eager's own error on each (None in
+    float32, where torch eager is the reference).
+
+    - ``fp32``: torch eager in strict float32 (TF32 off for cuBLAS and cuDNN: the library
+      kernels run through torch in this process and follow the same switches);
+    - ``bf16`` / ``fp16``: a float64 run of the same rounded weights and inputs, against which
+      plus is judged by :mod:`plus_tvm.accuracy`'s contract (at most twice torch eager's own
+      error in the dtype, plus a floor)."""
+    import copy
+
+    with torch.no_grad():
+        if dtype == "fp32":
+            return "torch eager fp32 (TF32 off)", [_host(model(*s)) for s in cuda_sets], []
+        wide = copy.deepcopy(model).double()
+        refs = [
+            _host(wide(*[t.double() if t.is_floating_point() else t for t in s])) for s in cuda_sets
+        ]
+        del wide
+        eager = [_host(model(*s)) for s in cuda_sets]
+    errs = [accuracy.rel_err(e, r) for e, r in zip(eager, refs)]
+    return f"float64 run of the {dtype} weights and inputs", refs, errs
+
+
+def _check_dtype(
+    name: str,
+    dtype: str,
+    model32: object,
+    variants: dict,
+    sets: list,
+    bundle: str,
+    args: argparse.Namespace,
+) -> dict:
+    """Check and time every variant of ``name`` in ``dtype``, then the torch peers in it."""
+    import torch
+
+    import plus_tvm
+    from plus_tvm.gpu.bundle import cast_inputs, in_dtype
+    from plus_tvm.runtime import cuda_graph
+
+    cuda32 = [[torch.from_numpy(a).cuda() for a in s] for s in sets]
+    cast = [cast_inputs(s, dtype) for s in cuda32]  # (integer inputs unchanged)
+    model, _ = in_dtype(model32, [], dtype)
+    # plus is given what a user gives it: numpy arrays in float32 (as ever), torch tensors on
+    # the GPU in half precision (numpy has no bfloat16 of its own)
+    plus_sets = sets if dtype == "fp32" else cast
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     _strict_fp32(torch, True)
-    with torch.no_grad():
-        refs = [model(*s).float().cpu().numpy() for s in cuda_sets]
+    reference, refs, torch_errs = _references(torch, model, dtype, cast)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    result: dict = {"reference": reference, "variants": {}, "peers": {}}
+    if torch_errs:
+        result["torch_rel_err"] = torch_errs
+        result["contract"] = (
+            f"plus rel err <= {accuracy.TORCH_FACTOR:g} x torch eager's + {accuracy.FLOOR[dtype]:g}"
+        )
+    else:
+        result["contract"] = f"plus rel err <= {REL_TOL:g}"
     sync = torch.cuda.synchronize
 
     timers: dict[str, Callable[[], object]] = {}  # the variants kept loaded for more rounds
-    for vname, variant in record["variants"].items():
+    for vname, variant in variants.items():
         row: dict = {}
         result["variants"][vname] = row
         cuda_graph.runtime().clear()
+        if "error" in variant:  # it did not compile on the CPU machine
+            row.update(error=f"compile failed: {variant['error']}", correct=False)
+            print(f"[gpu_check] {name} {dtype} {vname}: {_brief(row)}", flush=True)
+            continue
         try:
             start = time.perf_counter()
             compiled = plus_tvm.load(os.path.join(bundle, variant["library"]), weights=model)
             _strict_fp32(torch, True)
             # the sets in turn for CHECK_ROUNDS rounds: with cuda_graph=auto the first calls run
             # without a graph, then one captures, then replays (runtime.cuda_graph), so every
-            # way a region runs is checked, each against its own input's reference
-            calls = [np.asarray(compiled(*s)) for _ in range(CHECK_ROUNDS) for s in sets]
+            # way a region runs is checked, each against its own input's reference (each output
+            # copied to the host before the next call: a replay reuses its output buffers)
+            calls = [_host(compiled(*s)) for _ in range(CHECK_ROUNDS) for s in plus_sets]
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
             row["load_and_first_runs_s"] = round(time.perf_counter() - start, 2)
-            outs = calls[: len(sets)]
-            row["checked_calls"] = len(calls)
-            row["nan_outputs"] = int(sum(np.isnan(o).sum() for o in calls))
-            errs = [_rel_err(o, refs[k % len(refs)]) for k, o in enumerate(calls)]
-            row["worst_call"] = int(np.argmax([r for _, r in errs]))
-            row["max_abs_err"] = max(e for e, _ in errs)
-            row["max_rel_err"] = max(r for _, r in errs)
-            distinct = all(
-                not np.array_equal(outs[k], outs[k - 1])
-                for k in range(1, len(outs))
-                if not np.array_equal(refs[k], refs[k - 1])
-            )
-            row["new_inputs_new_outputs"] = distinct
-            row["correct"] = bool(row["max_rel_err"] <= REL_TOL and distinct)
+            row.update(_judge(calls, refs, torch_errs, dtype))
             del compiled  # timed afresh with torch's defaults (TF32 convolutions), as users run
             torch.cuda.synchronize()
             free_before = torch.cuda.mem_get_info()[0]
             compiled = plus_tvm.load(os.path.join(bundle, variant["library"]), weights=model)
-            prepared = compiled.prepare(*sets[0])
+            prepared = compiled.prepare(*plus_sets[0])
             row.update(
                 _timed(
                     lambda c=compiled, p=prepared: c.run_prepared(p),
@@ -174,16 +258,16 @@ def _check_model(name: str, record: dict, bundle: str, args: argparse.Namespace)
             row["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}"
             row["traceback"] = traceback.format_exc(limit=6)
             row["correct"] = False
-        print(f"[gpu_check] {name} {vname}: {_brief(row)}", flush=True)
+        print(f"[gpu_check] {name} {dtype} {vname}: {_brief(row)}", flush=True)
     _more_rounds(result["variants"], timers, args)
     timers.clear()  # the loaded variants go before the peers are timed
 
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-    x = cuda_sets[0]
+    x = cast[0]
     for peer in args.peers:
         row = {}
         result["peers"][peer] = row
-        if peer != "eager" and time.perf_counter() > args.deadline:
+        if peer != "eager" and time.time() > args.deadline:
             row["skipped"] = "time budget spent"
             continue
         try:
@@ -195,14 +279,47 @@ def _check_model(name: str, record: dict, bundle: str, args: argparse.Namespace)
             elif peer == "compile-ro":
                 fn = torch.compile(model, mode="reduce-overhead")
             with torch.no_grad():
-                got = fn(*x).float().cpu().numpy()
+                got = _host(fn(*x))
                 row["compile_s"] = round(time.perf_counter() - start, 2)
-                row["max_abs_err"], row["max_rel_err"] = _rel_err(got, refs[0])
+                row["max_abs_err"] = float(np.abs(got - refs[0]).max()) if got.size else 0.0
+                row["max_rel_err"] = accuracy.rel_err(got, refs[0])
                 row.update(_timed(lambda f=fn: f(*x), sync, args.runs, args.warmup))
         except Exception as err:  # noqa: BLE001 - a failing peer is reported, never made up
             row["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}"
-        print(f"[gpu_check] {name} {peer}: {_brief(row)}", flush=True)
+        print(f"[gpu_check] {name} {dtype} {peer}: {_brief(row)}", flush=True)
     return result
+
+
+def _judge(calls: list, refs: list, torch_errs: list, dtype: str) -> dict:
+    """Every call's error against the reference of its input set (call k had set k % sets):
+    in float32 at most :data:`REL_TOL`, in half precision within :mod:`plus_tvm.accuracy`'s
+    contract; and different inputs gave different outputs (a stale graph replay would not)."""
+    n = len(refs)
+    errs = [accuracy.rel_err(o, refs[k % n]) for k, o in enumerate(calls)]
+    if torch_errs:
+        bounds = [accuracy.bound(torch_errs[k % n], dtype) for k in range(len(calls))]
+    else:
+        bounds = [REL_TOL] * len(calls)
+    outs = calls[:n]
+    distinct = all(
+        not np.array_equal(outs[k], outs[k - 1])
+        for k in range(1, len(outs))
+        if not np.array_equal(refs[k], refs[k - 1])
+    )
+    worst = int(np.argmax([e - b for e, b in zip(errs, bounds)])) if errs else 0
+    return {
+        "checked_calls": len(calls),
+        "nan_outputs": int(sum(np.isnan(o).sum() for o in calls)),
+        "worst_call": worst,
+        "max_abs_err": max(
+            (float(np.abs(o - refs[k % n]).max()) for k, o in enumerate(calls) if o.size),
+            default=0.0,
+        ),
+        "max_rel_err": max(errs, default=0.0),
+        "worst_bound": bounds[worst] if bounds else None,
+        "new_inputs_new_outputs": distinct,
+        "correct": bool(all(e <= b for e, b in zip(errs, bounds)) and distinct),
+    }
 
 
 def _more_rounds(rows: dict, timers: dict, args: argparse.Namespace) -> None:
@@ -212,7 +329,7 @@ def _more_rounds(rows: dict, timers: dict, args: argparse.Namespace) -> None:
     for vname in timers:
         rows[vname]["round_ms"] = [rows[vname]["median_ms"]]
     for _ in range(max(args.rounds - 1, 0)):
-        if time.perf_counter() > args.deadline:
+        if time.time() > args.deadline:
             break
         for vname, fn in timers.items():
             rows[vname]["round_ms"].append(_timed(fn, lambda: None, args.runs, 2)["median_ms"])
@@ -231,21 +348,34 @@ def _brief(row: dict) -> str:
     )
 
 
-def table(results: dict) -> str:
-    """The markdown table of a gpu_check result: medians (ms), ratios, plus's error, the widest
-    spread of plus's timing rounds, and whether plus and TVM's own pipeline were correct (TVM's
-    baseline is reported, never fixed up)."""
-    rows = [
-        "| model | plus off | plus always | plus auto | plus gir | TVM | torch | compile "
-        "| compile ro | auto vs off | always vs off | gir vs always | auto vs torch "
-        "| auto vs compile | auto vs compile ro | plus max rel err | round spread "
-        "| plus correct | TVM correct |",
-        "|---|" + "---:|" * 16 + "---|---|",
-    ]
+def units(results: dict) -> list[tuple[str, str, dict]]:
+    """(model, dtype, its result) for every model and dtype of a gpu_check result; a model
+    that failed before its dtypes (or a result of the float32-only format) as one unit."""
+    out = []
     for name, res in results["models"].items():
+        out += [(name, dtype, r) for dtype, r in res.get("dtypes", {}).items()]
+        if "error" in res or "dtypes" not in res:
+            out.append((name, "fp32" if "variants" in res else "-", res))
+    return out
+
+
+def table(results: dict) -> str:
+    """The markdown table of a gpu_check result, a row per model and dtype: medians (ms),
+    ratios, plus's error against the dtype's reference (torch eager in strict fp32; a float64
+    run in bf16 / fp16, where torch eager's own error is the next column), the widest spread of
+    plus's timing rounds, and whether plus and TVM's own pipeline were correct (TVM's baseline
+    is reported, never fixed up)."""
+    rows = [
+        "| model | dtype | plus off | plus always | plus auto | plus gir | TVM | torch | compile "
+        "| compile ro | auto vs off | always vs off | gir vs always | auto vs torch "
+        "| auto vs compile | auto vs compile ro | plus max rel err | torch rel err "
+        "| round spread | plus correct | TVM correct |",
+        "|---|---|" + "---:|" * 17 + "---|---|",
+    ]
+    for name, dtype, res in units(results):
         v, p = res.get("variants", {}), res.get("peers", {})
         if not v:
-            rows.append(f"| {name} | {res.get('error', 'no result')} |" + " |" * 17)
+            rows.append(f"| {name} | {dtype} | {res.get('error', 'no result')} |" + " |" * 18)
             continue
         ms = {k: (row or {}).get("median_ms") for k, row in {**v, **p}.items()}
         alw, auto = ms.get("plus-always"), ms.get("plus-auto")
@@ -258,27 +388,33 @@ def table(results: dict) -> str:
         cells.append(_ratio(ms.get("plus-gir"), alw))
         cells += [_ratio(auto, ms.get(k)) for k in ("eager", "compile", "compile-ro")]
         cells.append(f"{max(errs):.1e}" if errs else "-")
+        torch_errs = res.get("torch_rel_err")
+        cells.append(f"{max(torch_errs):.1e}" if torch_errs else "-")
         cells.append(f"{max(spreads):.1%}" if spreads else "-")
         cells.append(_yes(all(r.get("correct") for r in plus.values())))
         cells.append(_yes(v["tvm"].get("correct")) if "tvm" in v else "-")
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+        rows.append(f"| {name} | {dtype} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
 def kernel_table(results: dict, a: str, b: str, top: int = 8) -> str:
-    """Per model, the ``top`` kernels by time under variant ``a`` with their time under ``b``
-    (same kernel name: same fusion, another schedule), and the totals."""
-    rows = [f"| model | kernel | {a} ms | {b} ms | {a} / {b} |", "|---|---|---:|---:|---:|"]
-    for name, res in results["models"].items():
+    """Per model and dtype, the ``top`` kernels by time under variant ``a`` with their time
+    under ``b`` (same kernel name: same fusion, another schedule), and the totals."""
+    rows = [
+        f"| model | dtype | kernel | {a} ms | {b} ms | {a} / {b} |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for name, dtype, res in units(results):
         va = res.get("variants", {}).get(a, {}).get("kernel_ms") or {}
         vb = res.get("variants", {}).get(b, {}).get("kernel_ms") or {}
         both = sorted(set(va) & set(vb), key=lambda k: -va[k])
         if not both:
             continue
+        head = f"| {name} | {dtype} |"
         for k in both[:top]:
-            rows.append(f"| {name} | {k} | {va[k]:.4f} | {vb[k]:.4f} | {_ratio(vb[k], va[k])} |")
+            rows.append(f"{head} {k} | {va[k]:.4f} | {vb[k]:.4f} | {_ratio(vb[k], va[k])} |")
         ta, tb = sum(va[k] for k in both), sum(vb[k] for k in both)
-        rows.append(f"| {name} | all {len(both)} | {ta:.4f} | {tb:.4f} | {_ratio(tb, ta)} |")
+        rows.append(f"{head} all {len(both)} | {ta:.4f} | {tb:.4f} | {_ratio(tb, ta)} |")
     return "\n".join(rows)
 
 
@@ -310,6 +446,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for everything")
     parser.add_argument(
+        "--dtypes", default="", help="comma-separated subset of the bundle's dtypes (default: all)"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from OUT/gpu_check.json: skip what it holds, record the model and dtype "
+        "that was running as crashed (run.sh resumes after the process dies of a signal)",
+    )
+    parser.add_argument(
         "--kernels",
         default="",
         help="variants whose TIR kernels are also timed one by one (comma-separated); the "
@@ -318,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.peers = [p for p in args.peers.split(",") if p]
     args.kernels = [v for v in args.kernels.split(",") if v]
+    args.dtypes = [d for d in args.dtypes.split(",") if d]
     bad = [p for p in args.peers if p not in PEERS]
     if bad:
         print(f"gpu_check: unknown peer(s) {bad}; known: {', '.join(PEERS)}", file=sys.stderr)
@@ -344,9 +490,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import plus_tvm
 
-    args.deadline = time.perf_counter() + args.budget
     chosen = [m for m in args.models.split(",") if m] or list(manifest["models"])
+    missing = [m for m in chosen if m not in manifest["models"]]
+    if missing:
+        print(f"gpu_check: {', '.join(missing)} not in the bundle", file=sys.stderr)
+        return 2
     os.makedirs(args.out, exist_ok=True)
+    out_json = os.path.join(args.out, "gpu_check.json")
     results = {
         "device": torch.cuda.get_device_name(0),
         "versions": {
@@ -356,24 +506,44 @@ def main(argv: list[str] | None = None) -> int:
         },
         "bundle": {k: manifest[k] for k in ("created", "target", "versions")},
         "rel_tol": REL_TOL,
+        "half_contract": {"torch_factor": accuracy.TORCH_FACTOR, "floor": accuracy.FLOOR},
+        "started": time.time(),
         "models": {},
     }
+    args.skip = {}
+    if args.resume and os.path.exists(out_json):
+        with open(out_json) as f:
+            results = json.load(f)
+        args.skip = resume(results)
+    args.deadline = results["started"] + args.budget  # (wall clock: it spans a resumed run)
+
+    def save() -> None:
+        with open(out_json, "w") as f:
+            json.dump(results, f, indent=1)
+
     for name in chosen:
-        if name not in manifest["models"]:
-            print(f"gpu_check: {name} is not in the bundle", file=sys.stderr)
-            return 2
+        prior = results["models"].get(name, {})
+
+        def done(dtype: str, res: dict | None, name: str = name, prior: dict = prior) -> None:
+            if res is None:
+                results["running"] = [name, dtype]
+            else:
+                results.pop("running", None)
+                merged = {**res, "dtypes": {**prior.get("dtypes", {}), **res["dtypes"]}}
+                results["models"][name] = merged
+            save()
+
         try:
-            results["models"][name] = _check_model(
-                name, manifest["models"][name], args.bundle, args
-            )
+            _check_model(name, manifest["models"][name], args.bundle, args, done)
         except Exception as err:  # noqa: BLE001 - one model failing must not hide the others
             results["models"][name] = {
+                **prior,
                 "error": f"{type(err).__name__}: {err}",
                 "traceback": traceback.format_exc(limit=8),
             }
+            results.pop("running", None)
             print(f"[gpu_check] {name}: FAILED {err}", flush=True)
-        with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-            json.dump(results, f, indent=1)
+        save()
     text = table(results)
     with open(os.path.join(args.out, "gpu_check.md"), "w") as f:
         f.write(text + "\n")
@@ -388,11 +558,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plus_failures(results: dict) -> list[str]:
-    """The models where a plus variant failed or was wrong (TVM's own pipeline is a baseline:
-    its wrong outputs are in the table, not a failure of the check)."""
+    """The models and dtypes (``name dtype``) where a plus variant failed or was wrong (TVM's
+    own pipeline is a baseline: its wrong outputs are in the table, not a failure)."""
     return [
-        name
-        for name, r in results["models"].items()
+        f"{name} {dtype}"
+        for name, dtype, r in units(results)
         if "error" in r
         or not all(v.get("correct") for k, v in r["variants"].items() if k.startswith("plus"))
     ]
