@@ -73,6 +73,7 @@ def test_a_compile_failure_is_recorded_and_the_rest_go_on(tmp_path, monkeypatch)
         raise InternalCompileError("internal error in pipeline, pass X: no")
 
     monkeypatch.setattr(plus_tvm.compiler, "compile", refuse)
+    monkeypatch.setattr(gpu_bundle, "_pack_runtime", os.makedirs)  # (tested with `built`)
     out = str(tmp_path / "b")
     manifest = gpu_bundle.build_bundle(
         out, ["gpt2-tiny"], ["plus-auto"], dtypes=["bf16"], log=lambda m: None, isolate=False
@@ -238,6 +239,44 @@ def test_run_sh_resumes_after_the_check_dies(tmp_path):
     assert proc.returncode == 1 and len(calls) == 3, proc.stderr
     assert "--resume" not in calls[0] and all("--resume" in c for c in calls[1:])
     assert all(c.endswith("--runs 3") for c in calls) and "died" in proc.stderr
+
+
+def test_the_check_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
+    """gpu_check's whole path for a half-precision model (load with the torch weights in the
+    dtype, nine judged calls, timing, the eager peer, the table) on a bundle compiled for the
+    CPU, with torch's CUDA calls made no-ops: what the GPU run does, short of the GPU."""
+    import plus_tvm.compiler
+
+    real = plus_tvm.compiler.compile
+    monkeypatch.setattr(
+        plus_tvm.compiler, "compile", lambda m, t, ex, **kw: real(m, "llvm", ex, **kw)
+    )
+    monkeypatch.setattr(gpu_bundle, "_kernel_signatures", lambda *a: {})
+    monkeypatch.setattr(gpu_bundle, "_pack_runtime", os.makedirs)  # (this TVM runs it here)
+    out = str(tmp_path / "bundle")
+    gpu_bundle.build_bundle(
+        out, ["vgg16-tiny"], ["plus-auto"], dtypes=["bf16"], log=lambda m: None, isolate=False
+    )
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    for name, fn in {
+        "is_available": lambda: True,
+        "get_device_name": lambda *a: "CPU",
+        "synchronize": lambda *a: None,
+        "mem_get_info": lambda *a: (0, 0),
+    }.items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    res = str(tmp_path / "res")
+    args = ["--runs", "2", "--warmup", "1", "--rounds", "1", "--peers", "eager"]
+    assert check.main(["--bundle", out, "--out", res, *args]) == 0
+    unit = json.load(open(os.path.join(res, "gpu_check.json")))["models"]["vgg16-tiny"]
+    bf16 = unit["dtypes"]["bf16"]
+    auto = bf16["variants"]["plus-auto"]
+    assert unit["weights_match_bundle"] and "float64" in bf16["reference"]
+    assert auto["correct"] and auto["checked_calls"] == 9 and auto["median_ms"] > 0
+    assert auto["max_rel_err"] <= auto["worst_bound"]
+    assert bf16["peers"]["eager"]["max_rel_err"] == pytest.approx(bf16["torch_rel_err"][0])
+    assert "| vgg16-tiny | bf16 |" in open(os.path.join(res, "gpu_check.md")).read()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (gpu_check there)")

@@ -2,14 +2,16 @@
 
 Runs with TVM's runtime library alone. For every model of the bundle it rebuilds the torch model
 from its seed (or its shipped state dict), checks the weights against the bundle's fingerprint,
-and then for every compiled variant:
+converts it to each dtype of the bundle (``model.to(dtype)``), and for every compiled variant:
 
 - **checks** the outputs on the bundle's three input sets, each passed three times in turn (so
   that ``cuda_graph=auto``'s calls without a graph, its capturing call and its replays are all
-  checked), against torch eager on the GPU, both in strict float32 (TF32 off for cuBLAS and
-  cuDNN: the library kernels run through torch in this process and follow the same switches),
-  and that three different inputs give three different outputs (a stale CUDA-graph replay
-  would not); NaN in an output is an error;
+  checked), and that three different inputs give three different outputs (a stale CUDA-graph
+  replay would not); NaN in an output is an error. In fp32 against torch eager on the GPU in
+  strict float32 (TF32 off for cuBLAS and cuDNN: the library kernels run through torch in this
+  process and follow the same switches), within :data:`REL_TOL`; in bf16 / fp16 against a
+  float64 run of the same rounded weights, within :mod:`plus_tvm.accuracy`'s contract (at most
+  twice torch eager's own error in that dtype on that input, plus a floor);
 - **times** it: inputs placed once, warm-up runs, then timed runs each ending with a device
   synchronisation (median and minimum, ms); the device memory the process holds after warm-up
   beyond what it held before the load (weights, workspace, captured graphs). The variants of a
@@ -20,10 +22,12 @@ With ``--kernels a,b`` the TIR kernels of variants ``a`` and ``b`` are also time
 (:mod:`plus_tvm.kernel_timing`, shapes from the manifest) and compared in ``OUT/kernels.md``
 (``plus-always,plus-gir``: GIR's CUDA schedules against dlight's, kernel by kernel).
 
-Peers are timed the same way in the same process: torch eager, ``torch.compile`` (default) and
-``torch.compile(mode="reduce-overhead")`` (inductor with CUDA graphs); each ``torch.compile``
-peer is skipped (and said so) when the time budget is spent. Results go to ``OUT/gpu_check.json``
-and a markdown table ``OUT/gpu_check.md``.
+Peers are timed the same way in the same process, in the same dtype: torch eager,
+``torch.compile`` (default) and ``torch.compile(mode="reduce-overhead")`` (inductor with CUDA
+graphs); each ``torch.compile`` peer is skipped (and said so) when the time budget is spent.
+Results go to ``OUT/gpu_check.json`` and a markdown table ``OUT/gpu_check.md`` (a row per model
+and dtype). A crash of the process (a kernel's segfault) leaves ``running`` in the JSON;
+``--resume`` records that model and dtype as crashed and goes on (``run.sh`` does so).
 
 Usage (on the GPU machine, through the bundle's ``run.sh``)::
 
