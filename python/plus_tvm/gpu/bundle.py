@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from .. import zoo
+from ..env import child_environment
 from ..errors import InternalCompileError, PlusError
 from ..options import Options
 
@@ -252,13 +253,14 @@ def run_child(cmd: list[str], result: str, variants: Sequence[str]) -> dict:
     import signal
 
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH", "")) if p)
+    env = child_environment()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
         cmd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": path},
+        env=env,
     )
     sys.stderr.write("".join(ln + "\n" for ln in proc.stderr.splitlines() if "[gpu_bundle]" in ln))
     if proc.returncode == 0 and os.path.exists(result):
