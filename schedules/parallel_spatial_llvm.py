@@ -11,8 +11,15 @@ two slices, negate, concatenate, two multiplies and an add: nine full-size buffe
 input once and writes its output once; nothing costly is recomputed. Then the large spatial
 blocks iterate in parallel: their leading loops are fused into one ``parallel`` loop over TVM's
 pool and, where the innermost loop's extent is a multiple of the vector width, that loop is
-split and vectorized. Reductions, small blocks (below ``min_elements``) and already-scheduled
-kernels are left alone; a kernel with no large spatial block is declined (``None``).
+split and vectorized.
+
+A large reduction block (GIR declines those over half-precision buffers: a bfloat16 model's
+max-pool, its float32 softmax between casts) runs its spatial loops in parallel the same way;
+each output's reduction keeps its order, so the result is bit for bit the serial one. Where
+its innermost spatial loop walks every buffer contiguously (a channels-last pool's channel),
+that loop moves inside the reduction loops and is vectorized: one lane per output, no
+reduction across lanes. Small blocks (below ``min_elements``) and already-scheduled kernels
+are left alone; a kernel with no large block is declined (``None``).
 """
 
 from __future__ import annotations
@@ -21,8 +28,17 @@ import math
 
 import tvm
 from plus_tvm.errors import TVM_REFUSAL
-from plus_tvm.tir_blocks import BlockInfo, count_ops, is_data_parallel
-from plus_tvm.tir_blocks.rebuild import simplify_indices
+from plus_tvm.tir_blocks import (
+    REDUCTION,
+    SPATIAL,
+    BlockInfo,
+    count_ops,
+    is_data_parallel,
+    loads,
+    nodes,
+    stores,
+)
+from plus_tvm.tir_blocks.rebuild import simplify_indices, substitute
 from tvm import s_tir, tirx
 
 from .reasoned_rule import OPAQUE, ReasonedRule
@@ -71,10 +87,7 @@ class ParallelSpatialLLVM(ReasonedRule):
                 continue
         if changed:
             return sch, None
-        return None, (
-            f"no data-parallel block with a static loop nest of {self.min_elements} elements "
-            "or more (reductions keep their order)"
-        )
+        return None, f"no block with a static loop nest of {self.min_elements} elements or more"
 
     @staticmethod
     def _inline_data_movement(sch: s_tir.Schedule, blocks: list) -> bool:
@@ -94,22 +107,66 @@ class ParallelSpatialLLVM(ReasonedRule):
                 continue
         return inlined
 
+    def _static_loops(self, sch: s_tir.Schedule, brv: object) -> tuple[list, list[int]] | None:
+        """The block's loops and their extents: one static loop per iterator, in the
+        iterators' order, the nest at least ``min_elements`` points; else ``None``."""
+        block = sch.get(brv)
+        loops = sch.get_loops(brv)
+        if not loops or len(loops) != len(block.iter_vars):
+            return None  # not one loop per iterator: scheduled already
+        extents = [sch.get(loop).extent for loop in loops]
+        if not all(isinstance(e, tirx.IntImm) for e in extents):
+            return None
+        sizes = [int(e) for e in extents]
+        for size, iv in zip(sizes, block.iter_vars):
+            dom = iv.dom.extent
+            if not isinstance(dom, tirx.IntImm) or int(dom) != size:
+                return None  # the loops do not map one to one onto the iterators
+        if math.prod(sizes) < self.min_elements:
+            return None
+        return list(loops), sizes
+
     def _schedule_block(self, sch: s_tir.Schedule, brv: object) -> bool:
         block = sch.get(brv)
         if not is_data_parallel(block):
-            return False  # reductions (and opaque iterators) keep their order
-        loops = sch.get_loops(brv)
-        if not loops or len(loops) != len(block.iter_vars):
-            return False  # not one loop per iterator: scheduled already
-        extents = [sch.get(loop).extent for loop in loops]
-        if not all(isinstance(e, tirx.IntImm) for e in extents):
+            return self._schedule_reduction(sch, brv)
+        found = self._static_loops(sch, brv)
+        if found is None:
             return False
-        sizes = [int(e) for e in extents]
-        if math.prod(sizes) < self.min_elements:
-            return False
-        last = sizes[-1]
-        vector = len(loops) > 1 and last % self.lanes == 0
+        loops, sizes = found
+        vector = len(loops) > 1 and sizes[-1] % self.lanes == 0
         lead = loops[:-1] if len(loops) > 1 else loops
+        self._parallel(sch, lead, sizes)
+        if vector:
+            self._vectorize(sch, loops[-1])
+        return True
+
+    def _schedule_reduction(self, sch: s_tir.Schedule, brv: object) -> bool:
+        """Parallel spatial loops around an unchanged reduction order; the innermost spatial
+        loop vectorized inside the reduction loops where every access is contiguous in it."""
+        block = sch.get(brv)
+        kinds = [int(iv.iter_type) for iv in block.iter_vars]
+        if block.init is None or any(k not in (SPATIAL, REDUCTION) for k in kinds):
+            return False  # an ordered or opaque iterator
+        count = kinds.index(REDUCTION)
+        if count == 0 or any(k != REDUCTION for k in kinds[count:]):
+            return False  # not spatial loops around reduction loops
+        found = self._static_loops(sch, brv)
+        if found is None:
+            return False
+        loops, sizes = found
+        spatial, reduction = loops[:count], loops[count:]
+        lane = block.iter_vars[count - 1].var
+        vector = count > 1 and sizes[count - 1] % self.lanes == 0 and _contiguous_in(block, lane)
+        if vector:
+            sch.reorder(*reduction, spatial[-1])
+            self._vectorize(sch, spatial[-1])
+            spatial = spatial[:-1]
+        self._parallel(sch, spatial, sizes)
+        return True
+
+    def _parallel(self, sch: s_tir.Schedule, lead: list, sizes: list[int]) -> None:
+        """Fuse the leading loops until their extent reaches ``min_parallel``; run it parallel."""
         count, extent = 0, 1
         for size in sizes[: len(lead)]:
             count += 1
@@ -118,10 +175,35 @@ class ParallelSpatialLLVM(ReasonedRule):
                 break
         outer = sch.fuse(*lead[:count]) if count > 1 else lead[0]
         sch.parallel(outer)
-        if vector:
-            _, inner = sch.split(loops[-1], [None, self.lanes])
-            sch.vectorize(inner)
-        return True
+
+    def _vectorize(self, sch: s_tir.Schedule, loop: object) -> None:
+        _, inner = sch.split(loop, [None, self.lanes])
+        sch.vectorize(inner)
+
+
+def _contiguous_in(block: object, var: tirx.Var) -> bool:
+    """Every buffer access of ``block`` either ignores ``var`` or has it as its last index with
+    stride 1 (and in no other index): lanes over ``var`` read and write consecutive elements."""
+    analyzer = tvm.sym.Analyzer()
+    step = {var: var + 1}
+    body = BlockInfo(block).stores
+    accesses = [*body, *(ld for st in body for ld in loads(st.value)), *stores(block.init)]
+    if len(body) != 1:
+        return False  # one update per output element (what the lanes vectorize)
+    for access in accesses:
+        indices = list(access.indices)
+        uses = [_uses(i, var) for i in indices]
+        if not any(uses):
+            continue
+        if not uses[-1] or any(uses[:-1]):
+            return False
+        if not analyzer.can_prove_equal(substitute(indices[-1], step) - indices[-1], 1):
+            return False
+    return True
+
+
+def _uses(expr: tvm.ir.Expr, var: tirx.Var) -> bool:
+    return any(n.same_as(var) for n in nodes(expr) if isinstance(n, tirx.Var))
 
 
 def _moves_data(block: object) -> bool:

@@ -81,18 +81,21 @@ def test_se_scale_runs_parallel_and_equals_unscheduled(h, w, c, llvm):
     _check(func, llvm, sch)
 
 
-def test_small_blocks_and_reductions_are_left_alone(llvm):
+def test_small_blocks_are_left_alone_and_reductions_keep_their_order(llvm):
     func = _fused(llvm, _se_scale(4, 4, 8))  # 128 elements: below min_elements
     assert ParallelSpatialLLVM().apply(func, llvm, False) is None
-    sch = ParallelSpatialLLVM(min_elements=64).apply(func, llvm, False)
+    sch = ParallelSpatialLLVM(min_elements=32).apply(func, llvm, False)
     assert sch is not None
     _check(func, llvm, sch)
-    # the reduction (the convolution) keeps its serial loops; the scale runs parallel
     kinds = _loop_kinds(sch.mod["main"])
     assert kinds["T_multiply"] >= {int(tirx.ForKind.PARALLEL)}
-    assert all(
-        k == {int(tirx.ForKind.SERIAL)} for name, k in kinds.items() if name.startswith("conv2d")
-    )
+    # the convolution (a reduction over the 8 input channels, read with a stride: not
+    # vectorized) runs its output channels in parallel, its reduction loop serial and last
+    for name in (n for n in kinds if n.startswith("conv2d")):
+        s = s_tir.Schedule(sch.mod["main"])
+        loops = [s.get(loop) for loop in s.get_loops(s.get_sblock(name))]
+        assert int(loops[-1].kind) == int(tirx.ForKind.SERIAL) and int(loops[-1].extent) == 8
+        assert int(tirx.ForKind.VECTORIZED) not in kinds[name]
 
 
 def test_declines_other_targets_and_symbolic_sizes(llvm):
@@ -211,3 +214,92 @@ def test_random_movement_chains_equal_the_unscheduled_kernel(seed, llvm):
     sch = ParallelSpatialLLVM().apply(func, llvm, False)
     assert sch is not None  # 32768-element blocks: always large enough
     _check(func, llvm, sch)
+
+
+def _half_pool(dtype: str, c: int):
+    """A half model's max-pool as ``torch_half`` imports it: cast to float32, a channels-last
+    3x3 / stride-2 max-pool, cast back."""
+
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((1, 28, 28, c), dtype))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                y = bb.emit(relax.op.astype(x, "float32"))
+                y = bb.emit(
+                    relax.op.nn.max_pool2d(y, pool_size=3, strides=2, padding=1, layout="NHWC")
+                )
+                out = bb.emit_output(relax.op.astype(y, dtype))
+            bb.emit_func_output(out)
+
+    return build
+
+
+def _run_typed(func, target, seed=0):
+    """Run ``func`` on random inputs in its parameters' own dtypes (bfloat16 via ml_dtypes)."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in func.params:
+        shape = [int(d) for d in p.ty.shape]
+        dtype = ml_dtypes.bfloat16 if str(p.dtype) == "bfloat16" else str(p.dtype)
+        arrays.append((rng.standard_normal(shape) * 4).astype(dtype))
+    return run(func, target, arrays)
+
+
+@pytest.mark.parametrize("dtype,c", [("bfloat16", 64), ("float16", 32), ("float32", 24)])
+def test_a_half_pool_runs_parallel_vectorized_over_channels_and_exact(dtype, c, llvm):
+    """The kernel GIR declines in half precision (a reduction over half buffers) is no longer
+    left serial: its spatial loops run parallel, the channel loop (contiguous in every access)
+    moves inside the window loops and is vectorized where it divides; max is exact, so the
+    result equals the unscheduled kernel bit for bit."""
+    func = _fused(llvm, _half_pool(dtype, c))
+    if dtype != "float32":
+        assert GIRLLVM().apply(func, llvm, False) is None
+    sch = ParallelSpatialLLVM(min_elements=1024).apply(func, llvm, False)
+    assert sch is not None
+    s = s_tir.Schedule(sch.mod["main"])
+    pool = next(
+        b for b in s.get_child_blocks(s.get_sblock("root")) if "pool" in s.get(b).name_hint
+    )
+    loops = [s.get(loop) for loop in s.get_loops(pool)]
+    assert int(loops[0].kind) == int(tirx.ForKind.PARALLEL)
+    if c % 8 == 0:
+        assert int(loops[-1].kind) == int(tirx.ForKind.VECTORIZED)
+        # the window loops (extent 3) sit outside the channel loops
+        assert [int(lp.extent) for lp in loops[-4:-2]] == [3, 3]
+    else:
+        assert int(tirx.ForKind.VECTORIZED) not in {int(lp.kind) for lp in loops}
+    for want, got in zip(_run_typed(func, llvm), _run_typed(sch.mod["main"], llvm)):
+        np.testing.assert_array_equal(got.astype("float32"), want.astype("float32"))
+
+
+def test_a_row_reduction_runs_parallel_without_lanes_across_the_reduction(llvm):
+    """A bfloat16 softmax between casts (rows of 512): its max and sum blocks run their rows
+    in parallel; the rows are not contiguous in the row index, so nothing is vectorized across
+    rows; each row's sum keeps its order (the result equals the unscheduled kernel)."""
+
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((4, 64, 512), "bfloat16"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                y = bb.emit(relax.op.astype(x, "float32"))
+                y = bb.emit(relax.op.nn.softmax(y, axis=-1))
+                out = bb.emit_output(relax.op.astype(y, "bfloat16"))
+            bb.emit_func_output(out)
+
+    func = _fused(llvm, build)
+    assert GIRLLVM().apply(func, llvm, False) is None
+    sch = ParallelSpatialLLVM().apply(func, llvm, False)
+    assert sch is not None
+    s = s_tir.Schedule(sch.mod["main"])
+    reductions = [
+        b for b in s.get_child_blocks(s.get_sblock("root")) if s.get(b).init is not None
+    ]
+    assert len(reductions) == 2
+    for b in reductions:
+        loops = [s.get(loop) for loop in s.get_loops(b)]
+        assert int(loops[0].kind) == int(tirx.ForKind.PARALLEL)
+        assert int(loops[-1].kind) == int(tirx.ForKind.SERIAL) and int(loops[-1].extent) == 512
+    for want, got in zip(_run_typed(func, llvm), _run_typed(sch.mod["main"], llvm)):
+        np.testing.assert_allclose(got.astype("float32"), want.astype("float32"), rtol=1e-2)

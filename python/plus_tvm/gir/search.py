@@ -273,7 +273,8 @@ def plan_for_rule(
     elif kind == "llvm" and reduces_half(func):
         # TVM 0.27's LLVM code for GIR's vectorized reductions over bfloat16 loads returned
         # wrong values (softmax: garbage maxima); until plans stage half buffers in float32,
-        # such kernels keep TVM's own schedule. Element-wise and data-movement kernels (a
+        # such kernels go to ParallelSpatialLLVM (parallel outputs, lanes never across a
+        # reduction). Element-wise and data-movement kernels (a
         # half model's GELU, its Q/K/V split) are planned: run by TVM's schedule they took a
         # quarter of GPT-2's bfloat16 time
         reason = "a reduction over half-precision buffers"
