@@ -1,8 +1,9 @@
 """Half-precision models (float16, bfloat16) compile, return the model's dtype and are no less
 accurate than torch eager in that dtype.
 
-The accuracy contract: against a float64 run of the same rounded weights and inputs, plus's
-error (max |err| / max |ref|) is at most twice torch eager's own, plus a small floor."""
+The accuracy contract (:mod:`plus_tvm.accuracy`): against a float64 run of the same rounded
+weights and inputs, plus's error (max |err| / max |ref|) is at most twice torch eager's own,
+plus a small floor."""
 
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ import plus_tvm
 import pytest
 import torch
 from plus_tvm import zoo
+from plus_tvm.accuracy import bound, rel_err
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-# the floor: a few units in the last place of the dtype (torch's own error can be ~0)
-FLOOR = {"bf16": 2.0**-7, "fp16": 2.0**-10}
 
 
 def _cast(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -39,9 +39,7 @@ def _errors(model: torch.nn.Module, args: tuple, dtype: torch.dtype) -> tuple[fl
         ref = _first(wide(*[_cast(a, torch.float64) for a in hargs])).double()
         eager = _first(half(*hargs)).double()
     got = _first(plus_tvm.compile(half, example_args=hargs)(*hargs))
-    scale = float(ref.abs().max())
-    plus_err = float((got.double() - ref).abs().max()) / scale
-    return plus_err, float((eager - ref).abs().max()) / scale, got
+    return rel_err(got.double().numpy(), ref.numpy()), rel_err(eager.numpy(), ref.numpy()), got
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
@@ -50,7 +48,7 @@ def test_zoo_models_in_half_precision_are_as_accurate_as_torch(name, dtype):
     model, args = zoo.load(name)
     plus_err, torch_err, got = _errors(model, args, DTYPES[dtype])
     assert isinstance(got, torch.Tensor) and got.dtype == DTYPES[dtype]  # torch in, torch out
-    assert plus_err <= 2 * torch_err + FLOOR[dtype], (plus_err, torch_err)
+    assert plus_err <= bound(torch_err, dtype), (plus_err, torch_err)
 
 
 def test_a_float32_model_is_imported_as_before():
@@ -82,7 +80,7 @@ def test_norms_and_softmax_compute_in_float32():
     x = torch.randn(3, 256) * 40  # a wide softmax: rounding each exp in bf16 would show
     model = torch.nn.Sequential(torch.nn.LayerNorm(256), torch.nn.Softmax(-1))
     plus_err, torch_err, _ = _errors(model, (x,), torch.bfloat16)
-    assert plus_err <= 2 * torch_err + FLOOR["bf16"]
+    assert plus_err <= bound(torch_err, "bf16")
 
 
 def test_numpy_bfloat16_in_numpy_out():
@@ -114,7 +112,7 @@ def test_a_half_convolution_takes_its_batch_norm_and_relu(dtype):
             bn.weight.uniform_(0.5, 1.5)
     x = torch.randn(1, 8, 12, 12)
     plus_err, torch_err, _ = _errors(model, (x,), DTYPES[dtype])
-    assert plus_err <= 2 * torch_err + FLOOR[dtype], (plus_err, torch_err)
+    assert plus_err <= bound(torch_err, dtype), (plus_err, torch_err)
     half = copy.deepcopy(model).to(DTYPES[dtype])
     stats = plus_tvm.inspect(half, example_args=(x.to(DTYPES[dtype]),))
     assert stats["kernel_names"].get("plus.conv2d") == 2
@@ -137,7 +135,7 @@ def test_a_written_out_gelu_joins_the_half_linear(dtype):
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), _NewGelu(), torch.nn.Linear(64, 32))
     x = torch.randn(4, 32)
     plus_err, torch_err, _ = _errors(model.eval(), (x,), DTYPES[dtype])
-    assert plus_err <= 2 * torch_err + FLOOR[dtype], (plus_err, torch_err)
+    assert plus_err <= bound(torch_err, dtype), (plus_err, torch_err)
     half = copy.deepcopy(model).to(DTYPES[dtype])
     stats = plus_tvm.inspect(half, example_args=(x.to(DTYPES[dtype]),))
     assert stats["kernel_names"] == {"plus.linear": 2}, stats["kernel_names"]
@@ -165,10 +163,9 @@ def test_precision_option_runs_a_float32_model_in_half(name, precision):
     cm = plus_tvm.compile(model, example_args=args, options=options)
     got = _first(cm(*args))
     assert got.dtype == torch.float32 and cm.stats["options"]["precision"] == precision
-    scale = float(ref.abs().max())
-    plus_err = float((got.double() - ref).abs().max()) / scale
-    torch_err = float((eager - ref).abs().max()) / scale
-    assert plus_err <= 2 * torch_err + FLOOR[precision], (plus_err, torch_err)
+    plus_err = rel_err(got.double().numpy(), ref.numpy())
+    torch_err = rel_err(eager.numpy(), ref.numpy())
+    assert plus_err <= bound(torch_err, precision), (plus_err, torch_err)
     assert cm.stats["library_calls"] > 0  # the half-precision library kernels ran
 
 
