@@ -26,6 +26,25 @@ def test_a_branch_on_a_tensor_value_names_its_line():
     assert "graph():" not in message  # no graph dump
 
 
+class ClampIfNotFinite(torch.nn.Module):
+    """BART's float16 idiom: ``not t.all()`` reaches ``bool`` through torch's function mode, so
+    torch's "Caused by" names its own frame, not this one."""
+
+    def forward(self, x):
+        if not torch.isfinite(x).all():
+            x = torch.clamp(x, -100.0, 100.0)
+        return x * 2
+
+
+def test_a_branch_through_torchs_function_mode_names_the_users_line():
+    with pytest.raises(plus_tvm.errors.ModelLoadError) as info:
+        plus_tvm.compile(ClampIfNotFinite(), example_args=(torch.ones(3),), target="llvm")
+    message = str(info.value)
+    assert "test_torch_export_errors.py:" in message and "in forward" in message, message
+    assert "`if not torch.isfinite(x).all():`" in message
+    assert "non_strict_utils" not in message
+
+
 def test_other_export_failures_keep_their_first_line():
     class Bad(torch.nn.Module):
         def forward(self, x):

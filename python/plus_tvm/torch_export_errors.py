@@ -5,9 +5,12 @@ mask.any().item():``, ``if bool(t):``): torch.export captures one graph for ever
 stops with "Could not guard on data-dependent expression Eq(u0, 1)", a message about sympy
 symbols whose useful part, the user's source line, sits near the end of a long graph dump
 ("Caused by: (transformers/models/longformer/modeling_longformer.py:549 in forward)").
-Longformer meets it (``if is_global_attn:``, computed from the global attention mask).
-:func:`export_failure_message` names that line and says what to change; any other failure
-keeps its first line.
+Longformer meets it (``if is_global_attn:``, computed from the global attention mask). Where
+``bool(tensor)`` goes through torch's own function mode (``not t.all()``: BART's float16 clamp,
+``if hidden_states.dtype == torch.float16 and not torch.isfinite(hidden_states).all():``), the
+"Caused by" frame is torch's and the user's line is the one under "The following call raised
+this error". :func:`export_failure_message` names that line and says what to change; any other
+failure keeps its first line.
 """
 
 from __future__ import annotations
@@ -17,6 +20,12 @@ import re
 __all__ = ["export_failure_message"]
 
 _CAUSED_BY = re.compile(r"Caused by: \(([^)]*)\)")
+_CALL = re.compile(
+    r"The following call raised this error:\s*\n"
+    r'\s*File "([^"]+)", line (\d+), in (\S+)\n\s*([^\n]*)'
+)
+# where a frame path starts inside torch itself (then the frame is not the user's)
+_TORCH_FRAME = re.compile(r"(^|/)(torch|_export|_dynamo|fx)/")
 _GUARD = re.compile(r"Could not guard on data-dependent expression ([^\n]*?)(?: \(unhinted|\.|$)")
 
 
@@ -28,8 +37,7 @@ def export_failure_message(name: str, err: BaseException) -> str:
     guard = _GUARD.search(text)
     if guard is None or "data-dependent" not in text:
         return f"torch.export failed for {name}: {first}"
-    where = _CAUSED_BY.search(text)
-    at = f" at {where.group(1)}" if where else ""
+    at = _branch_location(text)
     return (
         f"torch.export failed for {name}: the model branches on the value of a tensor{at} "
         f"(a Python `if` on `.item()` or `bool(tensor)`; torch says: could not guard on "
@@ -37,3 +45,18 @@ def export_failure_message(name: str, err: BaseException) -> str:
         "input, so such a branch cannot be compiled: write it with torch.where / torch.cond, "
         "or take the branch outside the compiled module"
     )
+
+
+def _branch_location(text: str) -> str:
+    """`` at FILE:LINE in FUNCTION`` of the branch (the user's frame, with its source line
+    where torch printed it), or ``""``."""
+    caused = _CAUSED_BY.search(text)
+    if caused and not _TORCH_FRAME.search(caused.group(1)):
+        return f" at {caused.group(1)}"
+    call = _CALL.search(text)
+    if call is not None:
+        path, line, function, source = call.groups()
+        path = path.split("site-packages/")[-1]
+        code = f" (`{source.strip()}`)" if source.strip() else ""
+        return f" at {path}:{line} in {function}{code}"
+    return f" at {caused.group(1)}" if caused else ""

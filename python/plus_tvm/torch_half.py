@@ -79,6 +79,7 @@ FLOAT32_OPS: frozenset = frozenset(
         # TVM's power refuses bfloat16 ("power only applies to float"): GPT-2's gelu_new
         _aten.pow.Tensor_Scalar,
         _aten.pow.Tensor_Tensor,
+        _aten.pow.Scalar,  # a scalar base: Funnel's `10000 ** (freq_seq / d)`
         # pooling (exact in float32 for max; torch averages in float32): TVM's pooling of a
         # bfloat16 tensor returned float32 under the bfloat16 type (ResNet's stem)
         _aten.max_pool2d_with_indices.default,

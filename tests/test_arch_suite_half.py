@@ -1,0 +1,85 @@
+"""Every architecture of the suite in bfloat16 and float16 (issue 36's accuracy contract):
+compiled from ``model.to(dtype)``, it returns the model's dtype and is no less accurate than
+torch eager in that dtype against a float64 run of the same rounded weights
+(:mod:`plus_tvm.accuracy`: at most twice torch eager's error plus a floor)."""
+
+from __future__ import annotations
+
+import copy
+
+import plus_tvm
+import pytest
+import torch
+from plus_tvm import arch_suite
+from plus_tvm.accuracy import bound, rel_err
+
+pytest.importorskip("transformers")
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# float16 only: the model branches in Python on whether a float16 activation is finite
+# (``if hidden_states.dtype == torch.float16 and not torch.isfinite(hidden_states).all():``,
+# BART's encoder layer and its copies); torch.export cannot capture that branch
+BRANCHES_IN_FP16 = frozenset({"bart", "marian"})
+
+
+def _cast(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return a.to(dtype) if a.is_floating_point() else a
+
+
+def _reference(half: torch.nn.Module, args: tuple) -> torch.Tensor:
+    """The model's output from its rounded weights in float64, or float32 where torch has no
+    float64 kernel (the mixture-of-experts grouped matmul): either is far more precise than
+    the half-precision runs judged against it."""
+    with torch.no_grad():
+        try:
+            return _widened(half, torch.float64)(*[_cast(a, torch.float64) for a in args])
+        except RuntimeError as err:
+            if "Double" not in str(err):
+                raise
+            return _widened(half, torch.float32)(*[_cast(a, torch.float32) for a in args])
+
+
+def _widened(half: torch.nn.Module, dtype: torch.dtype):
+    """``half`` with its rounded weights widened to ``dtype``; returns float64 outputs."""
+    wide = copy.deepcopy(half).to(dtype)
+    return lambda *a: wide(*a).double()
+
+
+CASES = [
+    pytest.param(name, dtype, id=f"{name}-{dtype}")
+    for name in arch_suite.names()
+    for dtype in sorted(DTYPES)
+    if not (dtype == "fp16" and name in BRANCHES_IN_FP16)
+]
+
+
+@pytest.mark.parametrize("name,dtype", CASES)
+def test_architecture_in_half_precision_is_as_accurate_as_torch(name, dtype):
+    model, args = arch_suite.load(name)
+    half = copy.deepcopy(model).eval().to(DTYPES[dtype])
+    hargs = tuple(_cast(a, DTYPES[dtype]) for a in args)
+    ref = _reference(half, hargs)
+    with torch.no_grad():
+        eager = half(*hargs).double()
+    compiled = plus_tvm.compile(half, example_args=hargs)
+    got = compiled(*hargs)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    assert isinstance(got, torch.Tensor) and got.dtype == DTYPES[dtype], name
+    assert float(ref.abs().max()) > 1e-3, "a degenerate reference proves nothing"
+    plus_err = rel_err(got.double().numpy(), ref.numpy())
+    torch_err = rel_err(eager.numpy(), ref.numpy())
+    assert plus_err <= bound(torch_err, dtype), (name, dtype, plus_err, torch_err)
+    assert compiled.stats["library_calls"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(BRANCHES_IN_FP16))
+def test_a_float16_branch_on_finiteness_is_a_clear_error(name):
+    """What the float16 models left out above do: a clear error naming transformers' line."""
+    model, args = arch_suite.load(name)
+    half = copy.deepcopy(model).eval().to(torch.float16)
+    hargs = tuple(_cast(a, torch.float16) for a in args)
+    with pytest.raises(plus_tvm.errors.ModelLoadError) as info:
+        plus_tvm.compile(half, example_args=hargs)
+    message = str(info.value)
+    assert "branches on the value of a tensor at transformers/models/" in message
+    assert "torch.isfinite(hidden_states).all()" in message
