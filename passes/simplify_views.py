@@ -43,8 +43,10 @@ def _zero_pad(value: relax.Expr) -> bool:
 @tvm.transform.module_pass(opt_level=0, name="SimplifyViews")
 class SimplifyViews:
     """Fold ``reshape(reshape(x, a), b)`` into ``reshape(x, b)`` (``expand_dims``, ``squeeze``
-    and ``flatten`` count as reshapes); ``broadcast_to(x, shape(x))``,
-    ``reshape(x, shape(x))`` and ``pad(x, 0...)`` into ``x``."""
+    and ``flatten`` count as reshapes), ``reshape(astype(reshape(x, a)), shape(x))`` into
+    ``astype(x)`` (a half-precision batched matmul's rounding between torch's flattening and its
+    inverse); ``broadcast_to(x, shape(x))``, ``reshape(x, shape(x))`` and ``pad(x, 0...)`` into
+    ``x``."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return rewrite_bindings(mod, _simplify, _finish)
@@ -68,9 +70,18 @@ def _simplify(binding: relax.VarBinding, source: dict, bb: relax.BlockBuilder) -
         return value.args[0]
     if op == "relax.permute_dims":
         return _composed_permute(binding, value, source)
+    if op == "relax.astype":  # a cast of a view: a reshape back to the source's shape folds
+        inner = value.args[0]
+        src = source.get(inner.id_) if isinstance(inner, relax.Var) else None
+        if src is not None:
+            source.setdefault(_CAST, {})[binding.var.id_] = (src, value.attrs.dtype)
+        return None
     if op not in _RESHAPES or (op != "relax.reshape" and not _has_shape(binding.var)):
         return None
     inner = value.args[0]
+    cast = source.get(_CAST, {}).get(inner.id_) if isinstance(inner, relax.Var) else None
+    if cast is not None and _same_shape(cast[0], binding.var):
+        return bb.normalize(relax.op.astype(*cast))  # reshape(astype(reshape(x)), shape(x))
     src = source.get(inner.id_) if isinstance(inner, relax.Var) else None
     source[binding.var.id_] = inner if src is None else src
     if src is None:
@@ -83,6 +94,7 @@ def _simplify(binding: relax.VarBinding, source: dict, bb: relax.BlockBuilder) -
 _RESHAPES = frozenset(("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten"))
 
 
+_CAST = "cast"  # key of the state: astype var -> (the tensor its input views, dtype)
 _PERMUTED = "permuted"  # key of the state: permute_dims var -> (its source, axes from the source)
 
 
