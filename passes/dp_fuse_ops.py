@@ -377,6 +377,13 @@ class _FunctionFuser:
         for param in params:
             for sym in relax.analysis.definable_tir_vars_in_type(param.ty):
                 defined_syms.add(sym.id_)
+        # The same for a parameter's own type: a tensor of shape ``[s * t * 2, 4]`` (a
+        # mixture-of-experts layer's flattened token-expert pairs) uses ``s`` and ``t`` without
+        # defining them, and a scalar argument ``s`` does not define them either (the outlined
+        # function's copy of it is a new variable): the function would not be well formed.
+        used_by_params = [v for p in params for v in relax.analysis.tir_vars_in_type(p.ty)]
+        if any(sym.id_ not in defined_syms for sym in used_by_params):
+            return list(members)
         for b in members:
             exprs = [*b.value.args[2:]] if isinstance(b.value, relax.Call) else []
             used = [v for e in exprs for v in relax.analysis.free_symbolic_vars(e)]

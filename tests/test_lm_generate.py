@@ -202,17 +202,10 @@ FAMILIES = {
 }
 
 
-# TVM's importer (plus's converters) cannot import transformers' MoE experts under symbolic
-# shapes: ``empty_permuted`` with symbolic sizes builds a ShapeExpr it refuses
-_IMPORT_GAP = pytest.mark.xfail(
-    raises=plus_tvm.UnsupportedOperatorError, strict=True, reason="empty_permuted, symbolic"
-)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "family",
-    [pytest.param(f, marks=_IMPORT_GAP) if f in ("mixtral", "qwen2-moe") else f for f in FAMILIES],
+    list(FAMILIES),
 )
 def test_family_greedy_matches_transformers(family):
     model, lm = _compiled(family, **FAMILIES[family])

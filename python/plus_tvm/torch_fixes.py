@@ -45,6 +45,7 @@ from .moe_converters import MOE_CONVERTERS
 from .torch_advanced_index_converters import ADVANCED_INDEX_CONVERTERS
 from .torch_arange_converters import ARANGE_CONVERTERS
 from .torch_clamp import CLAMP_CONVERTERS
+from .torch_empty_converters import EMPTY_CONVERTERS
 from .torch_index_converters import INDEX_CONVERTERS
 from .torch_minmax_converters import MINMAX_CONVERTERS
 from .torch_random_refusal import RANDOM_REFUSALS
@@ -301,6 +302,7 @@ def custom_convert_map() -> dict[str, Converter]:
         **SCATTER_CONVERTERS,  # scatter_add / scatter_reduce, which 0.27 lacks
         **ADVANCED_INDEX_CONVERTERS,  # x[i, :, j], x[mask], index_put (index_add, y[mask] = v)
         **ARANGE_CONVERTERS,  # a negative step, which 0.27 sizes wrongly
+        **EMPTY_CONVERTERS,  # empty / empty_permuted with symbolic sizes
         **RANDOM_REFUSALS,  # randn / exponential / bernoulli, which 0.27 makes constants
     }
     for key in FLOAT_RESULT_OPS:
