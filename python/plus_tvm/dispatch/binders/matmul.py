@@ -1,10 +1,13 @@
 """Batched GEMM binder (``torch.matmul``): a matmul of two activations; a transpose of the last
-two axes of an operand becomes ``ta`` / ``tb``, a following multiply by a scalar ``scale``."""
+two axes of an operand becomes ``ta`` / ``tb``, a following multiply by a scalar ``scale``. A
+half-precision matmul accumulating in float32 (how half models are imported) takes its one
+rounding back to the half dtype with it: the call computes in that dtype (a float32 result no
+kernel returns stays TIR)."""
 
 from __future__ import annotations
 
 from ...runtime.matmul import MATMUL_SPEC
-from .common import Ctx, LibraryCall, permute_axes, shape_of
+from .common import Ctx, LibraryCall, half_accumulation, permute_axes, rounds_to, shape_of
 
 
 def _operand(ctx: Ctx, expr) -> tuple[object, bool]:  # noqa: ANN001
@@ -28,6 +31,13 @@ def bind_matmul(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         b, tb = _operand(ctx, call.args[1])
         absorbed = [i]
         cur = i
+        half = half_accumulation(ctx, i)
+        if half is not None:  # the float32 product's rounding
+            nxt = ctx.follow(cur)
+            if nxt is None or not rounds_to(ctx, nxt, half):
+                return None
+            absorbed.append(nxt)
+            cur = nxt
         scale = 1.0
         nxt = ctx.follow(cur)
         if nxt is not None and ctx.op(nxt) in ("relax.multiply", "relax.divide"):
