@@ -139,7 +139,9 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     from tvm.s_tir import dlight as dl
 
     from . import schedules as s
+    from .gpu_matmul_guard import MatmulWithoutTensorCores
     from .passes import ApplyScheduleRules, ExpandIntegerPower, PropagateNaN
+    from .passes.bind_unbound_gpu_blocks import BindUnboundGPUBlocks
 
     gir = options.gir_enabled(target)  # default: CPU on, GPU off
     machine = compile_inputs.gir_machine(target, options) if gir else None
@@ -147,7 +149,8 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         rules = [s.GIRCUDA(budget=options.gir_search_budget, machine=machine)] if gir else []
         rules += [
             s.RecomputeReductionCUDA(),  # a squeeze-excite gate recomputed per thread
-            dl.gpu.Matmul(),
+            # dlight's Matmul without its WMMA path, whose tensorize segfaults in TVM 0.27
+            MatmulWithoutTensorCores(),
             dl.gpu.GEMV(),
             dl.gpu.Reduction(),
             dl.gpu.GeneralReduction(),
@@ -167,6 +170,10 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     passes = [ExpandIntegerPower()]
     if rules:
         passes.append(ApplyScheduleRules(*rules))  # first rule that applies wins
+    if _is_gpu(target):
+        # blocks the rules left on the host (dlight's Matmul leaves a fused function's other
+        # outputs) bound to GPU threads; a kernel that cannot be bound is refused by name
+        passes.append(BindUnboundGPUBlocks())
     if options.propagate_nan:
         # float max / min (ReLU, clip, pooling, max reductions) return NaN for NaN, as torch
         passes.append(PropagateNaN(keep_reductions=_is_gpu(target)))
