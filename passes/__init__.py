@@ -6,6 +6,7 @@ The pipeline's order, and why each pass is where it is, are the phase lists of
 
 from .annotate_map_pattern import AnnotateMapPattern
 from .apply_schedule_rules import ApplyScheduleRules
+from .bind_unbound_gpu_blocks import BindUnboundGPUBlocks
 from .canonicalize_batch_matmul import CanonicalizeBatchMatmul
 from .canonicalize_sdpa import CanonicalizeSDPA
 from .check_index_bounds import CheckIndexBounds
@@ -35,6 +36,7 @@ from .wrap_take_indices import WrapTakeIndices
 __all__ = [
     "AnnotateMapPattern",
     "ApplyScheduleRules",
+    "BindUnboundGPUBlocks",
     "CanonicalizeSDPA",
     "CheckIndexBounds",
     "ConvertToChannelsLast",

@@ -14,11 +14,11 @@ import torch
 import tvm
 from plus_tvm.compile_inputs import resolve_inputs
 from plus_tvm.gpu_binding import unbound_blocks
-from plus_tvm.gpu_matmul_guard import would_tensorize
 from plus_tvm.loader import load_model
 from plus_tvm.options import Options
 from plus_tvm.passes.bind_unbound_gpu_blocks import BindUnboundGPUBlocks
 from plus_tvm.pipeline import phase_passes, schedule_phase
+from plus_tvm.schedules.matmul_without_tensor_cores import would_tensorize
 from tvm.script import tirx as T  # noqa: N812
 
 SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -135,7 +135,7 @@ def test_float16_matmul_is_scheduled_without_the_crashing_tensor_core_path():
         import tvm, sys
         sys.path.insert(0, %r)
         from test_cuda_binding import _matmul, SM90
-        from plus_tvm.gpu_matmul_guard import MatmulWithoutTensorCores
+        from plus_tvm.schedules.matmul_without_tensor_cores import MatmulWithoutTensorCores
         from plus_tvm.gpu_binding import unbound_blocks
         with SM90:
             sch = MatmulWithoutTensorCores().apply(_matmul("float16", "float32"), SM90, False)

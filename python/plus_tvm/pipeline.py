@@ -139,9 +139,12 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
     from tvm.s_tir import dlight as dl
 
     from . import schedules as s
-    from .gpu_matmul_guard import MatmulWithoutTensorCores
-    from .passes import ApplyScheduleRules, ExpandIntegerPower, PropagateNaN
-    from .passes.bind_unbound_gpu_blocks import BindUnboundGPUBlocks
+    from .passes import (
+        ApplyScheduleRules,
+        BindUnboundGPUBlocks,
+        ExpandIntegerPower,
+        PropagateNaN,
+    )
 
     gir = options.gir_enabled(target)  # default: CPU on, GPU off
     machine = compile_inputs.gir_machine(target, options) if gir else None
@@ -150,7 +153,7 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         rules += [
             s.RecomputeReductionCUDA(),  # a squeeze-excite gate recomputed per thread
             # dlight's Matmul without its WMMA path, whose tensorize segfaults in TVM 0.27
-            MatmulWithoutTensorCores(),
+            s.MatmulWithoutTensorCores(),
             dl.gpu.GEMV(),
             dl.gpu.Reduction(),
             dl.gpu.GeneralReduction(),
