@@ -182,3 +182,22 @@ def test_precision_needs_a_torch_model():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(plus_tvm.OptionsError, match="torch model"):
         plus_tvm.compile(model, options=plus_tvm.Options(precision="bf16"))
+
+
+@pytest.mark.parametrize("name", ["efficientnet-b0-tiny", "resnet50-tiny"])
+def test_a_half_cnn_reaches_the_library_as_its_float32_twin(name):
+    """The 1x1 convolutions match as often in bfloat16 as in float32: a prologue that only a pattern
+    read with an imagined unit loop admits (the squeeze-excite scale before a 1x1 convolution)
+    must not cost the convolution its own full match (EfficientNet-B0 bf16 ran 10x slower so:
+    its 1x1 convolutions with batch norm fell back to TIR)."""
+    import collections
+
+    model, args = zoo.load(name)
+    counts = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        half = copy.deepcopy(model).eval().to(dtype)
+        compiled = plus_tvm.compile(half, example_args=tuple(a.to(dtype) for a in args))
+        decisions = compiled.stats["dispatch"]["decisions"]
+        counts[dtype] = collections.Counter(d["entry"] for d in decisions)
+    pointwise = "conv2d_nhwc_pointwise"
+    assert counts[torch.bfloat16][pointwise] == counts[torch.float32][pointwise] > 0

@@ -28,7 +28,13 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..plusgraph import PlusGraph, PlusGraphBuilder, full_match_units, partial_match, unbatched
+from ..plusgraph import (
+    PlusGraph,
+    PlusGraphBuilder,
+    full_match_units,
+    partial_match_units,
+    unbatched,
+)
 from .opgraph import OpGraph
 
 
@@ -130,7 +136,10 @@ class Identifier:
             for op in reversed(ops) if prologue else ops:
                 trial.add(op, prologue=prologue)
             trial_state = self._state(trial, allowed)
-            if trial_state is None:
+            if trial_state is None or (prologue and state[4] and not trial_state[3]):
+                # (a prologue that only an imagined unit loop admits would trade a full match
+                # read without one -- a half CNN's 1x1 convolution -- for entries that take no
+                # epilogue it can have)
                 rejected.add(index)
                 return False
             builder, state = trial, trial_state
@@ -180,23 +189,28 @@ class Identifier:
         # still reachable: a partial match (read without unit loops), or a full one with them
         # (a one-row GEMM grows as a full match at every step; see ``plusgraph.match``)
         partial, full = [], []
+        unit_free = False  # some entry is reachable without imagining a unit loop
         for e in pool:
             found = [f for g in forms(e) if (f := full_match_units(e.graph, g)) is not None]
             if found:
                 b, units = min(found, key=lambda f: f[1])
                 full.append((e, b, units))
-            if found or any(partial_match(e.graph, g) is not None for g in forms(e)):
+                unit_free |= units == 0
+            grows = [f for g in forms(e) if (f := partial_match_units(e.graph, g)) is not None]
+            unit_free |= any(units == 0 for _, units in grows)
+            if found or grows:
                 partial.append(e)
         if not partial:
             return None
         # an entry that fits without taking loops as unit loops (see ``plusgraph.match``)
         # beats one that needs them: a GEMM is no 1x1 convolution of one pixel
         fewest = min((units for _, _, units in full), default=0)
+        has_unit_free_full = bool(full) and fewest == 0
         full = [(e, b) for e, b, units in full if units == fewest]
-        return partial, full, graph
+        return partial, full, graph, unit_free, has_unit_free_full
 
     def _archive(self, members: list[int], builder: PlusGraphBuilder, state) -> Match | None:  # noqa: ANN001
-        _, full, graph = state
+        _, full, graph, _, _ = state
         if not full:
             return None
         order = tuple(sorted(members))

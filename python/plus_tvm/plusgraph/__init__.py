@@ -14,7 +14,7 @@ from .build import (
     plusgraph_of,
 )
 from .loops import KEY_OPS, PlusGraph, PlusGraphSyntaxError, PlusLoop, parse_plusgraph
-from .match import full_match, full_match_units, partial_match, unbatched
+from .match import full_match, full_match_units, partial_match, partial_match_units, unbatched
 
 __all__ = [
     "KEY_OPS",
@@ -30,6 +30,7 @@ __all__ = [
     "full_match_units",
     "parse_plusgraph",
     "partial_match",
+    "partial_match_units",
     "plusgraph_of",
     "unbatched",
 ]

@@ -170,9 +170,17 @@ def partial_match(pattern: PlusGraph, graph: PlusGraph) -> Binding | None:
     loop (an attention of one query row: a decode step's ``q @ k^T`` has no query loop). More
     imagined loops on a growing subgraph let a GEMV's cast prologue pass for the second half
     of a one-row attention (see the module's docstring)."""
+    found = partial_match_units(pattern, graph)
+    return None if found is None else found[0]
+
+
+def partial_match_units(pattern: PlusGraph, graph: PlusGraph) -> tuple[Binding, int] | None:
+    """:func:`partial_match`'s binding and how many pattern loops it takes as unit loops (0
+    or 1)."""
     if len(pattern.roots) < len(graph.roots):
         return None
-    found = next(_seq_partial(pattern.roots, graph.roots, {}, 0), None)
-    if found is None:
-        found = next(_seq_partial(pattern.roots, graph.roots, {}, 1), None)
-    return found
+    for units in (0, 1):
+        found = next(_seq_partial(pattern.roots, graph.roots, {}, units), None)
+        if found is not None:
+            return found, units
+    return None
