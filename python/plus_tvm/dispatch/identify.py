@@ -196,6 +196,9 @@ class Identifier:
                 b, units = min(found, key=lambda f: f[1])
                 full.append((e, b, units))
                 unit_free |= units == 0
+            if found and unit_free:  # (nothing a partial reading could add: skip the search)
+                partial.append(e)
+                continue
             grows = [f for g in forms(e) if (f := partial_match_units(e.graph, g)) is not None]
             unit_free |= any(units == 0 for _, units in grows)
             if found or grows:
