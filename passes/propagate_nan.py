@@ -97,9 +97,10 @@ def _nan_minmax(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
 
 def _half_nan_minmax(e: tvm.ir.Expr, dtype: str) -> tvm.ir.Expr:
     """The NaN-keeping min / max of half-precision operands: compared in float32 (TVM has no
-    isnan for half types; exact, both are half values), the chosen one rounded back (exact
-    too), with no ``Let`` (TVM's bfloat16 legalization retypes expressions but not a Let's
-    variable, and its vectorizer then bound one variable twice)."""
+    isnan for half types; exact, both are half values; not ``a != a``, which TVM's simplifier
+    folds to false), the chosen one rounded back (exact too), with no ``Let`` (TVM's bfloat16
+    legalization retypes expressions but not a Let's variable, and its vectorizer then bound
+    one variable twice)."""
     a, b = tirx.Cast("float32", e.a), tirx.Cast("float32", e.b)
     if _number(e.a) and not _number(e.b):
         a, b = b, a
@@ -107,7 +108,7 @@ def _half_nan_minmax(e: tvm.ir.Expr, dtype: str) -> tvm.ir.Expr:
         keep = tirx.LT(a, b) if isinstance(e, tirx.Max) else tirx.GT(a, b)
         return tirx.Cast(dtype, tirx.Select(keep, b, a))
     both = type(e)(a, b)
-    return tirx.Cast(dtype, tirx.Select(a != a, a, tirx.Select(b != b, b, both)))
+    return tirx.Cast(dtype, tirx.Select(tirx.isnan(a), a, tirx.Select(tirx.isnan(b), b, both)))
 
 
 _PLAIN = (tirx.Var, tvm.ir.TensorLoad, tirx.FloatImm, tirx.IntImm, tirx.Broadcast)
