@@ -44,6 +44,7 @@ from .errors import InputRefusedError
 from .moe_converters import MOE_CONVERTERS
 from .torch_advanced_index_converters import ADVANCED_INDEX_CONVERTERS
 from .torch_arange_converters import ARANGE_CONVERTERS
+from .torch_arg_extremes import ARG_EXTREME_CONVERTERS
 from .torch_clamp import CLAMP_CONVERTERS
 from .torch_empty_converters import EMPTY_CONVERTERS
 from .torch_index_converters import INDEX_CONVERTERS
@@ -299,6 +300,7 @@ def custom_convert_map() -> dict[str, Converter]:
         **REDUCTION_CONVERTERS,  # any / all, which 0.27 lacks
         **CLAMP_CONVERTERS,  # integer bounds, clamp_max's bound, bound dtypes
         **MINMAX_CONVERTERS,  # amax / amin, which 0.27 lacks
+        **ARG_EXTREME_CONVERTERS,  # argmax / argmin / max.dim / min.dim with torch's NaN rule
         **SCATTER_CONVERTERS,  # scatter_add / scatter_reduce, which 0.27 lacks
         **ADVANCED_INDEX_CONVERTERS,  # x[i, :, j], x[mask], index_put (index_add, y[mask] = v)
         **ARANGE_CONVERTERS,  # a negative step, which 0.27 sizes wrongly

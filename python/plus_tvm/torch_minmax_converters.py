@@ -1,10 +1,13 @@
 """``amax`` / ``amin``, which TVM 0.27's torch importer has no converter for (Reformer's
-attention takes ``amax`` of its scores).
+attention takes ``amax`` of its scores), and the whole-tensor ``max()`` / ``min()`` and
+element-wise ``maximum`` / ``minimum`` of bool tensors, which 0.27 fails to compile ("Cannot
+decide min_value for bool" in legalization, a float compare on ``i1`` in code generation).
 
 ``torch.amax(x, dim=(), keepdim=False)`` reduces over ``dim`` (every axis when it is empty),
 negative dims counted from the end, keeping ``x``'s dtype: Relax's ``max`` / ``min``. Bool
-tensors are reduced as 0/1 integers (LLVM refuses float compares on ``i1``) and returned as
-bool. ``fn(node, importer) -> relax.Expr`` for the importer's ``custom_convert_map``.
+tensors are reduced or compared as 0/1 integers and returned as bool. A float NaN reaches the
+result through ``PropagateNaN`` (the pipeline pass). ``fn(node, importer) -> relax.Expr`` for
+the importer's ``custom_convert_map``.
 """
 
 from __future__ import annotations
@@ -39,7 +42,30 @@ def _reduce(reduce: Any) -> Any:
     return convert
 
 
+def _elementwise(op: Any, original: str) -> Any:
+    def convert(node: Any, importer: Any) -> relax.Expr:
+        bb = importer.block_builder
+        lhs, rhs = (importer.env.get(a) if hasattr(a, "meta") else a for a in node.args[:2])
+        if not all(_is_bool(v) for v in (lhs, rhs)):
+            return type(importer).create_convert_map(importer)[original](node)
+        as_int = [bb.emit(relax.op.astype(v, "int8")) for v in (lhs, rhs)]
+        return bb.emit(relax.op.astype(bb.emit(op(*as_int)), "bool"))
+
+    return convert
+
+
+def _is_bool(value: object) -> bool:
+    ty = getattr(value, "ty", None)
+    return isinstance(ty, relax.TensorType) and str(ty.dtype) == "bool"
+
+
 MINMAX_CONVERTERS = {
     "amax.default": _reduce(relax.op.max),
     "amin.default": _reduce(relax.op.min),
+    "max.default": _reduce(relax.op.max),  # (no dim: every axis)
+    "min.default": _reduce(relax.op.min),
+    "maximum.default": _elementwise(relax.op.maximum, "maximum.default"),
+    "minimum.default": _elementwise(relax.op.minimum, "minimum.default"),
+    "max.other": _elementwise(relax.op.maximum, "max.other"),
+    "min.other": _elementwise(relax.op.minimum, "min.other"),
 }
