@@ -2,7 +2,7 @@
 
 Before import, small constant computations (shape arithmetic) are folded into constants with
 ONNX's reference implementation (:mod:`.fold_constants`). :class:`PlusONNXImporter` subclasses
-TVM 0.27's ``ONNXGraphImporter`` and changes five things:
+TVM 0.27's ``ONNXGraphImporter`` and changes six things:
 
 - **converters first from plus_tvm** (:data:`plus_tvm.onnx_import.converters.CONVERTERS`): ops
   TVM has no converter for, and ONNX forms TVM's converters get wrong, one file per op;
@@ -18,6 +18,8 @@ TVM 0.27's ``ONNXGraphImporter`` and changes five things:
   ``float16`` / ``bfloat16`` tensors accumulate in float32 and round once
   (:mod:`.converters.contraction`); reductions, normalizations and softmax run in float32
   (:mod:`.converters.half_precision`);
+- **inputs keep the graph's names**: TVM renames an input whose name is not an identifier
+  (``input.1`` becomes ``input_1``), so input errors named inputs the model does not have;
 - **errors name the node**: a converter failure becomes an
   :class:`~plus_tvm.errors.UnsupportedOperatorError` naming the node's index, name and op type
   and the converter's reason; what TVM prints while converting is kept out of the user's
@@ -293,6 +295,10 @@ def import_model(
         shape_dict,
         dtype_dict,
         keep_params_in_input=keep_params_in_input,
+        # the inputs keep the graph's names ("input.1", "x:0"): a call binds them by those and
+        # input errors name them so (TVM's renaming made "input.1" and "1" "input_1" and
+        # "input_1_1"; a Relax variable's name need not be an identifier)
+        sanitize=False,
         where=where,
         model=folded,
     )
