@@ -6,7 +6,9 @@ NaN); otherwise the index is that of the first extreme value. TVM 0.27 returned 
 and another index for ``max.dim`` / ``argmax`` / ``argmin`` of a row holding a NaN, and had no
 converter for ``min.dim`` (it ran on the host); ``maximum`` / ``amax`` / ``max()`` of float16 /
 bfloat16 tensors dropped a NaN (PropagateNaN's half-precision form compared ``a != a``, which
-TVM folds to false); ``max()`` / ``maximum`` of bool tensors failed to compile."""
+TVM folds to false); ``max()`` / ``maximum`` of bool tensors failed to compile; rows of
+infinities (or of the finite extremes) got index -1 and a finite max / min (TOPI's reductions
+start from the lowest / highest finite value)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ class Extremes(torch.nn.Module):
         out += [
             torch.amax(x, (0, 2)),
             torch.amin(x, 1),
+            torch.amax(x, -1),
+            torch.amin(x, -1, keepdim=True),
             torch.max(x),
             torch.min(x),
             torch.maximum(x, y),
@@ -66,6 +70,12 @@ def _with_specials(shape: tuple, dtype: torch.dtype, seed: int) -> torch.Tensor:
     x[0, 0, :] = float("nan")
     x[1, 1, :] = torch.tensor([float("inf"), -float("inf"), float("nan"), 1.0, float("nan")])
     x[2, :, :] = torch.arange(shape[1] * shape[2]).reshape(shape[1], shape[2]) % 3  # no NaN
+    # rows of infinities, and the finite extremes, where TOPI's reductions start from
+    lowest, highest = torch.finfo(dtype).min, torch.finfo(dtype).max
+    x[3, :, :] = -float("inf")
+    x[3, 2, :2] = lowest  # argmax along dim 1 of x[3, :, 0]: 2
+    x[3, 5, :] = float("inf")  # argmin along dim 2: 0
+    x[3, 1, :] = torch.tensor([highest, float("inf"), float("inf"), float("inf"), lowest])
     return x.to(dtype)
 
 
@@ -95,7 +105,9 @@ def test_float_extremes_match_torch_nan_included(dtype):
     model = Extremes().eval()
     special = (_with_specials(shape, dtype, 0), _with_specials(shape, dtype, 1))
     cm = _compile(model, special)
-    for args in (special, (_random(shape, dtype, 2), _random(shape, dtype, 3))):
+    inf = torch.full(shape, float("inf"), dtype=dtype)
+    randoms = (_random(shape, dtype, 2), _random(shape, dtype, 3))
+    for args in (special, randoms, (-inf, inf), (inf, -inf)):
         _assert_same(cm(*args), model(*args))
 
 
@@ -105,7 +117,14 @@ def test_integer_and_bool_extremes_match_torch(dtype):
     model = Extremes(with_arg=dtype != torch.bool).eval()
     g = torch.Generator().manual_seed(0)
     args = tuple(torch.randint(-2, 3, shape, generator=g).to(dtype) for _ in range(2))
-    _assert_same(_compile(model, args)(*args), model(*args))
+    cm = _compile(model, args)
+    _assert_same(cm(*args), model(*args))
+    if dtype != torch.bool:  # rows at the dtype's extremes, where TOPI's argmax starts from
+        x = args[0].clone()
+        x[0, :, :] = torch.iinfo(dtype).min
+        x[1, :, :] = torch.iinfo(dtype).max
+        x[2, 3, :] = torch.iinfo(dtype).min
+        _assert_same(cm(x, args[1]), model(x, args[1]))
 
 
 def test_a_0d_tensor_is_its_own_extreme():

@@ -1,25 +1,26 @@
-"""``argmax`` / ``argmin`` and ``max.dim`` / ``min.dim`` (values and indices) with torch's
-NaN rule.
+"""``argmax`` / ``argmin`` and ``max.dim`` / ``min.dim`` (values and indices) as torch gives
+them, NaN and infinities included.
 
 torch takes NaN as larger than every number for ``max`` / ``argmax`` and smaller than every
 number for ``min`` / ``argmin``: a row holding a NaN has the NaN as its value and the index of
 its *first* NaN; otherwise the index is that of the first extreme value (ties: the lowest
-index; ``-0.0`` and ``0.0`` tie). TVM 0.27's converters break this silently: ``argmax`` /
-``argmin`` compare with ``>`` / ``<``, which are false for a NaN, so a NaN is skipped or its
-row's index is arbitrary; ``max.dim`` is a ``topk`` of one (a sort that sorts NaN wherever), and
-``min.dim`` has no converter at all. ``PropagateNaN`` (the pipeline pass) fixes ``max`` / ``min``
-in TIR, not the index select of an argmax reduction, so the NaN rule is built here from Relax
-ops, for every target:
+index; ``-0.0`` and ``0.0`` tie). TVM 0.27 breaks this silently: TOPI's argmax compares with
+``>``, false for a NaN, so a NaN is skipped; it starts from (index -1, the lowest *finite*
+value) and keeps the lower index of equal values, so a row of ``-inf`` (or of the lowest
+finite value, or an integer row of the dtype's minimum) gets index -1; ``max.dim`` is a
+``topk`` of one (a sort that puts NaN wherever) and ``min.dim`` has no converter. The
+``PropagateNaN`` pass fixes ``max`` / ``min`` in TIR, not the index select of an argmax
+reduction, so the rule is built here from Relax ops, for every target:
 
-    nan   = isnan(x) as int8
-    index = where(max(nan) > 0, argmax(nan), argmax(x))
+    key   = 2 where x is NaN, 1 where x is the reducer's starting value, else 0   (int8)
+    index = where(argmax(x) < 0 or max(key) == 2, argmax(key), argmax(x))
 
-(``argmax`` of the 0/1 mask is its first 1: TOPI's argmax keeps the lowest index of equal
-values; half dtypes are compared as their exact float32 values: TVM has no ``isnan`` for
-bfloat16, and its bfloat16 legalization fails on argmax's reducer). The values of ``max.dim``
-/ ``min.dim`` are ``x`` gathered at the index, so a value is NaN exactly when torch's is.
-Integer inputs take the plain ``argmax``; bool inputs are compared as 0/1 integers (LLVM
-refuses float compares on ``i1``; torch's ``argmax`` refuses bool, its ``max.dim`` takes it).
+``argmax(key)`` is the first NaN, else the first value at the start, else 0 (a row of
+infinities); ``argmin`` alike, from the highest finite value. Half dtypes are compared as their
+exact float32 values (TVM has no ``isnan`` for bfloat16, and its bfloat16 legalization fails on
+argmax's reducer); bool inputs as 0/1 integers (LLVM refuses float compares on ``i1``; torch's
+``argmax`` refuses bool, its ``max.dim`` takes it). The values of ``max.dim`` / ``min.dim`` are
+``x`` gathered at the index, so a value is NaN (or infinite) exactly when torch's is.
 ``fn(node, importer) -> relax.Expr`` for the importer's ``custom_convert_map``.
 """
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tvm import relax
+from tvm import relax, tirx
 
 __all__ = ["ARG_EXTREME_CONVERTERS"]
 
@@ -40,22 +41,27 @@ def _arg(node: Any, position: int, name: str, default: object) -> object:
 
 def _index(bb: Any, x: relax.Expr, axis: int | None, keepdim: bool, largest: bool) -> relax.Expr:
     """The int64 index of the extreme of ``x`` along ``axis`` (None: of the flattened tensor),
-    a NaN counting as the extreme, the first one winning."""
+    a NaN counting as the extreme, the first one winning (module docstring)."""
     dtype = str(x.ty.dtype)
     find = relax.op.argmax if largest else relax.op.argmin
-    if dtype == "bool":
-        work = bb.emit(relax.op.astype(x, "int8"))
-    elif dtype in _HALF:  # (exact; TVM's bfloat16 legalization fails on argmax's reducer)
-        work = bb.emit(relax.op.astype(x, "float32"))
-    else:
-        work = x
+    if dtype == "bool":  # (0 and 1: never the reducer's starting value)
+        return bb.emit(find(bb.emit(relax.op.astype(x, "int8")), axis, keepdim))
+    # half: exact in float32; TVM's bfloat16 legalization fails on argmax's reducer
+    work = bb.emit(relax.op.astype(x, "float32")) if dtype in _HALF else x
     index = bb.emit(find(work, axis, keepdim))
-    if not dtype.startswith(("float", "bfloat")):
-        return index
-    nan = bb.emit(relax.op.astype(relax.op.isnan(work), "int8"))
-    first_nan = bb.emit(relax.op.argmax(nan, axis, keepdim))
-    has_nan = bb.emit(relax.op.astype(relax.op.max(nan, axis, keepdim), "bool"))
-    return bb.emit(relax.op.where(has_nan, first_nan, index))
+    wdtype = str(work.ty.dtype)
+    start = (tirx.min_value if largest else tirx.max_value)(wdtype).value
+    key = relax.op.astype(relax.op.equal(work, relax.const(start, wdtype)), "int8")
+    take = relax.op.less(index, relax.const(0, "int64"))  # nothing beat the starting value
+    if wdtype.startswith("float"):
+        key = relax.op.where(relax.op.isnan(work), relax.const(2, "int8"), key)
+    key = bb.emit(key)
+    # the first NaN, else the first value at the starting value, else 0 (all infinite)
+    first = bb.emit(relax.op.argmax(key, axis, keepdim))
+    if wdtype.startswith("float"):
+        has_nan = relax.op.equal(relax.op.max(key, axis, keepdim), relax.const(2, "int8"))
+        take = relax.op.logical_or(take, bb.emit(has_nan))
+    return bb.emit(relax.op.where(bb.emit(take), first, index))
 
 
 def _axis(dim: int, rank: int) -> int:
