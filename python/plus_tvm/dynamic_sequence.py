@@ -36,8 +36,16 @@ __all__ = [
 ]
 
 
-def load_dynamic_sequence(loaded: LoadedModel, max_len: int, min_len: int = 1) -> LoadedModel:
-    """``loaded`` (a torch or zoo model) exported again with a symbolic sequence length."""
+def load_dynamic_sequence(
+    loaded: LoadedModel, max_len: int, min_len: int = 1, *, host_fallback: bool = True
+) -> LoadedModel:
+    """``loaded`` (a torch or zoo model) exported again with a symbolic sequence length.
+
+    ``host_fallback`` is :class:`~plus_tvm.options.Options`' setting, as
+    :func:`~plus_tvm.loader.load_model` takes it: on, a torch op without a converter runs on
+    the host through torch eager; off, it is an
+    :class:`~plus_tvm.errors.UnsupportedOperatorError` naming the op and the node (a static
+    compile's refusal)."""
     if loaded.torch_module is None or loaded.example_inputs is None:
         raise ModelLoadError(
             f"{loaded.name}: a dynamic sequence length needs the torch module and its example "
@@ -53,7 +61,7 @@ def load_dynamic_sequence(loaded: LoadedModel, max_len: int, min_len: int = 1) -
             "may not accept every length in that range, e.g. a position table shorter than "
             f"{max_len}: try a smaller maximum)"
         ) from err
-    dynamic = load_model(program)
+    dynamic = load_model(program, host_fallback=host_fallback)
     return dataclasses.replace(
         dynamic,
         name=loaded.name,

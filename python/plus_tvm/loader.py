@@ -30,6 +30,7 @@ from .frontend import (
     num_inputs,
     torch_weight_tensors,
 )
+from .torch_host_refusal import refuse_torch_host_nodes
 
 
 @dataclass
@@ -81,8 +82,8 @@ def load_model(
         "host_fallback": host_fallback,
     }
 
-    if isinstance(model, LoadedModel):
-        return model
+    if isinstance(model, LoadedModel):  # (imported with its own host fallback: off refuses it)
+        return model if host_fallback else refuse_torch_host_nodes(model)
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if isinstance(model, str):
