@@ -7,6 +7,7 @@ documented form of the op wrong (each file says which).
 
 from __future__ import annotations
 
+from .arg_extremes import ArgMax, ArgMin
 from .attention import Attention
 from .constant import Constant
 from .contraction import Conv, ConvTranspose, Gemm, MatMul
@@ -19,6 +20,8 @@ from .reduce_extremes import ReduceMax, ReduceMin
 from .softmax_cross_entropy_loss import SoftmaxCrossEntropyLoss
 
 CONVERTERS = {
+    "ArgMax": ArgMax,
+    "ArgMin": ArgMin,
     "Attention": Attention,
     "Constant": Constant,
     "Conv": Conv,
