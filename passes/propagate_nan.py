@@ -7,7 +7,7 @@ returns NaN. This pass rewrites every float ``max(a, b)`` in every block into
 ``isnan(a) ? a : (isnan(b) ? b : max(a, b))``, or against a number ``c`` (ReLU, clip)
 ``a < c ? c : a`` (``min`` alike), one compare that is false for a NaN ``a``. It runs after
 scheduling, so schedule rules still see ``max`` as a reduction operator; the cost is at most
-two unordered compares per element of memory-bound kernels.
+two integer tests of the operands' bits per element (``_isnan``: vectorized as the max is).
 
 On GPU targets, blocks with reduction iterators keep their ``max`` / ``min``: TVM's
 cross-thread reduction lowering must recognise the combiner.
@@ -89,7 +89,7 @@ def _nan_minmax(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
         keep = tirx.LT(a, b) if isinstance(e, tirx.Max) else tirx.GT(a, b)
         out = tirx.Select(keep, b, a)
     else:
-        out = tirx.Select(tirx.isnan(a), a, tirx.Select(tirx.isnan(b), b, type(e)(a, b)))
+        out = tirx.Select(_isnan(a), a, tirx.Select(_isnan(b), b, type(e)(a, b)))
     for var, value in reversed(lets):
         out = tirx.Let(var, value, out)
     return out
@@ -108,11 +108,34 @@ def _half_nan_minmax(e: tvm.ir.Expr, dtype: str) -> tvm.ir.Expr:
         keep = tirx.LT(a, b) if isinstance(e, tirx.Max) else tirx.GT(a, b)
         return tirx.Cast(dtype, tirx.Select(keep, b, a))
     both = type(e)(a, b)
-    return tirx.Cast(dtype, tirx.Select(tirx.isnan(a), a, tirx.Select(tirx.isnan(b), b, both)))
+    return tirx.Cast(dtype, tirx.Select(_isnan(a), a, tirx.Select(_isnan(b), b, both)))
 
 
 _PLAIN = (tirx.Var, tvm.ir.TensorLoad, tirx.FloatImm, tirx.IntImm, tirx.Broadcast)
 _HALF = ("float16", "bfloat16")
+
+
+def _isnan(x: tvm.ir.Expr) -> tvm.ir.Expr:
+    """``x`` is NaN, read from its bits: exponent all ones and a nonzero fraction, that is
+    ``|bits| > bits(+inf)`` as an integer. TVM 0.27's vectorizer cannot vectorize
+    ``tirx.isnan`` and scalarizes the whole loop around it (a max pool's 8 lanes became 8
+    scalar compares and branches: 6x slower); its simplifier folds ``x != x`` to false and
+    turns ``!(x <= inf)`` into ``x > inf``, false for a NaN. Integer operations are neither
+    folded nor scalarized."""
+    bits = _NAN_BITS.get(str(x.ty))
+    if bits is None:  # (a float type of another width: TVM's own test)
+        return tirx.isnan(x)
+    ity = f"int{bits[0]}"
+    raw = tirx.reinterpret(ity, x)
+    magnitude = tirx.bitwise_and(raw, tirx.IntImm(ity, bits[1]))
+    return tirx.GT(magnitude, tirx.IntImm(ity, bits[2]))
+
+
+# per float type: integer width, the mask of everything but the sign, the bits of +inf
+_NAN_BITS = {
+    "float32": (32, 0x7FFFFFFF, 0x7F800000),
+    "float64": (64, 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000),
+}
 
 
 def _number(e: object) -> bool:
