@@ -49,6 +49,7 @@ from .torch_clamp import CLAMP_CONVERTERS
 from .torch_empty_converters import EMPTY_CONVERTERS
 from .torch_index_converters import INDEX_CONVERTERS
 from .torch_minmax_converters import MINMAX_CONVERTERS
+from .torch_pool_converters import POOL_CONVERTERS
 from .torch_random_refusal import RANDOM_REFUSALS
 from .torch_reductions import REDUCTION_CONVERTERS
 from .torch_scatter_converters import SCATTER_CONVERTERS
@@ -301,6 +302,7 @@ def custom_convert_map() -> dict[str, Converter]:
         **CLAMP_CONVERTERS,  # integer bounds, clamp_max's bound, bound dtypes
         **MINMAX_CONVERTERS,  # amax / amin, which 0.27 lacks
         **ARG_EXTREME_CONVERTERS,  # argmax / argmin / max.dim / min.dim with torch's NaN rule
+        **POOL_CONVERTERS,  # max pooling with the stride left out (the kernel size)
         **SCATTER_CONVERTERS,  # scatter_add / scatter_reduce, which 0.27 lacks
         **ADVANCED_INDEX_CONVERTERS,  # x[i, :, j], x[mask], index_put (index_add, y[mask] = v)
         **ARANGE_CONVERTERS,  # a negative step, which 0.27 sizes wrongly
