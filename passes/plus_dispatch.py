@@ -14,6 +14,7 @@ is stored as the module attribute ``plus.dispatch`` (JSON) for ``plus_tvm.inspec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -34,6 +35,7 @@ from ..dispatch.binders import BINDERS, CallSettings, Ctx, LibraryCall
 from ..dispatch.identify import Identifier
 from ..dispatch.opgraph import OpGraph
 from ..dispatch.unscheduled import tir_unscheduled
+from ..runtime.conv2d import WINOGRAD_MIN_CHANNELS
 from ..runtime.native import runs_natively
 from ..runtime.perf import library_gflops
 from ..symbolic_bounds import typical_sizes
@@ -91,6 +93,11 @@ class PlusDispatch:
         warehouse = self.warehouse or load_warehouse(self.extra_dirs)
         target = tvm.target.Target.current(allow_none=True)
         kind = target.kind.name if target is not None else "llvm"
+        settings = self.settings
+        if target is not None and kind == "llvm":
+            mcpu = str(target.attrs.get("mcpu", ""))
+            least = WINOGRAD_MIN_CHANNELS.get(mcpu, 0)
+            settings = dataclasses.replace(settings, winograd_min_channels=least)
         report = _Report(self.record_calls)
         cache: dict = {}
         functions = {}
@@ -105,7 +112,7 @@ class PlusDispatch:
                     self.cost,
                     report,
                     cache,
-                    self.settings,
+                    settings,
                     self.machine,
                 )
                 if new is not func:

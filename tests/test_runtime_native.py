@@ -490,6 +490,33 @@ def test_conv2d_winograd_follows_options(winograd):
     close(got, model(x).detach())
 
 
+@pytest.mark.parametrize("mcpu", ["znver4", "znver5", "skylake-avx512"])
+def test_winograd_on_thin_layers_follows_the_target_cpu(mcpu, tmp_path):
+    """A 64-channel 3x3 layer of 100 4x4 tiles may run as Winograd F(4x4) by the kernel's own
+    table (measured on Zen 4), but the call says ``winograd=0`` for a target CPU whose entry in
+    ``WINOGRAD_MIN_CHANNELS`` says oneDNN's direct convolution is faster there (Zen 5); a
+    256-channel layer may take it everywhere. (Compiled only: the target need not be this
+    CPU.)"""
+    import plus_tvm
+    from plus_tvm.runtime.conv2d import WINOGRAD_MIN_CHANNELS
+
+    direct = WINOGRAD_MIN_CHANNELS.get(mcpu, 0) > 64
+    assert direct == (mcpu == "znver5")
+    target = {"kind": "llvm", "mcpu": mcpu, "num-cores": 2}
+    for channels, refused in ((64, direct), (256, False)):
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(channels, channels, 3, padding=1), torch.nn.ReLU()
+        ).eval()
+        x = torch.randn(1, channels, 40, 40)
+        dump = tmp_path / f"{channels}"
+        options = plus_tvm.Options(dump_ir=str(dump))
+        plus_tvm.compile(model, target, example_args=(x,), options=options)
+        (dispatched,) = dump.glob("*_dispatch.py")
+        text = dispatched.read_text()
+        assert text.count('"plus.conv2d"') == 1
+        assert ("winograd=0" in text) == refused, (channels, mcpu)
+
+
 def test_conv2d_native_winograd_only_where_it_wins():
     """Thin layers, layers of few tiles, strides, dilations, groups and activations Winograd's
     epilogue does not compute stay on oneDNN's direct convolution."""

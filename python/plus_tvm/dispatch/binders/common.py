@@ -70,6 +70,9 @@ class CallSettings:
     propagate_nan: bool = True
     # 3x3 convolutions may run as Winograd F(2x2, 3x3) (Options.conv_winograd)
     conv_winograd: bool = True
+    # ...on layers of at least this many channels in and out (the target CPU's entry of
+    # runtime.conv2d.WINOGRAD_MIN_CHANNELS; 0: wherever the kernel finds it faster)
+    winograd_min_channels: int = 0
 
 
 class Ctx:

@@ -67,7 +67,8 @@ def _bind(ctx: Ctx, i: int) -> LibraryCall | None:
     }
     if not ctx.propagate_nan:
         cfg["nan"] = False
-    if not ctx.settings.conv_winograd:
+    c_in = shape_of(w)[1] * int(at.groups)
+    if not ctx.settings.conv_winograd or min(c_in, c_out) < ctx.settings.winograd_min_channels:
         cfg["winograd"] = False
     epilogue = _Epilogue(ctx, i, c_out, axis)
     epilogue.walk()

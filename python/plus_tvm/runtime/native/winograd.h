@@ -22,8 +22,9 @@
 // false (the transforms subtract infinities and spread a value over the tile), and the kernel
 // then has the call computed another way.
 //
-// Where each runs (Suits) and how it is chunked are decided by measurement: this project's
-// 2-core Zen 4 machine, one process alternating oneDNN's direct convolution and both tile sizes
+// Where each runs (Suits) and how it is chunked are decided by measurement (a CPU where
+// thinner layers run faster directly says so in runtime/conv2d.py's WINOGRAD_MIN_CHANNELS,
+// and the compiler then asks for winograd=0 there): this project's 2-core Zen 4 machine, one process alternating oneDNN's direct convolution and both tile sizes
 // on the same layer (NHWC, bias, ReLU, median of 7 rounds; 2026-11-27, ms):
 //
 //   layer (C->O @ HxW)   direct    F(2x2)          F(4x4)
