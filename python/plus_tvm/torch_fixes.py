@@ -53,6 +53,7 @@ from .torch_pool_converters import POOL_CONVERTERS
 from .torch_random_refusal import RANDOM_REFUSALS
 from .torch_reductions import REDUCTION_CONVERTERS
 from .torch_scatter_converters import SCATTER_CONVERTERS
+from .torch_sort_converters import SORT_CONVERTERS
 
 __all__ = ["custom_convert_map"]
 
@@ -303,6 +304,7 @@ def custom_convert_map() -> dict[str, Converter]:
         **MINMAX_CONVERTERS,  # amax / amin, which 0.27 lacks
         **ARG_EXTREME_CONVERTERS,  # argmax / argmin / max.dim / min.dim with torch's NaN rule
         **POOL_CONVERTERS,  # max pooling with the stride left out (the kernel size)
+        **SORT_CONVERTERS,  # sort / argsort / topk with torch's NaN order
         **SCATTER_CONVERTERS,  # scatter_add / scatter_reduce, which 0.27 lacks
         **ADVANCED_INDEX_CONVERTERS,  # x[i, :, j], x[mask], index_put (index_add, y[mask] = v)
         **ARANGE_CONVERTERS,  # a negative step, which 0.27 sizes wrongly
