@@ -1,6 +1,6 @@
-"""sort / argsort / topk of float tensors against torch eager, NaN and infinities included
-(python/plus_tvm/torch_sort_converters.py): torch orders NaN above +inf; TVM 0.27's sort left a
-row holding a NaN unsorted and its topk skipped NaN."""
+"""sort / argsort / topk / median of float tensors against torch eager, NaN and infinities
+included (python/plus_tvm/torch_sort_converters.py): torch orders NaN above +inf; TVM 0.27's
+sort left a row holding a NaN unsorted, its topk skipped NaN and its median was finite."""
 
 from __future__ import annotations
 
@@ -19,7 +19,12 @@ class Sorts(torch.nn.Module):
         b, j = torch.sort(x, dim=-1, descending=True)
         c, k = torch.topk(x, 3, dim=-1)
         d, m = torch.topk(x, 2, dim=1, largest=False)
-        return a, i, b, j, torch.argsort(x, dim=0), torch.argsort(x, descending=True), c, k, d, m
+        e, n = torch.median(x, 1)
+        f, o = torch.median(x, -1, keepdim=True)
+        return (
+            *(a, i, b, j, torch.argsort(x, dim=0), torch.argsort(x, descending=True)),
+            *(c, k, d, m, e, n, f, o, torch.median(x), torch.median(x[1:2, 2:3])),
+        )
 
 
 def _input(dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -48,9 +53,11 @@ def test_sorts_match_torch_nan_included(dtype):
         got, want = cm(x), model(x)
         for n, (g, w) in enumerate(zip(got, want)):
             assert g.dtype == w.dtype and g.shape == w.shape, n
-            if n in (7, 9):  # topk's indices: torch leaves the order of ties open
-                dim = 2 if n == 7 else 1
-                torch.testing.assert_close(x.gather(dim, g), want[n - 1], equal_nan=True)
+            if n in (7, 9, 11, 13):  # topk's and median's indices: torch leaves ties open
+                dim = 2 if n in (7, 13) else 1
+                values = want[n - 1] if n != 11 else want[n - 1].unsqueeze(1)
+                index = g if n != 11 else g.unsqueeze(1)
+                torch.testing.assert_close(x.gather(dim, index), values, equal_nan=True)
                 continue
             torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=f"output {n}")
 
@@ -61,5 +68,5 @@ def test_integer_sorts_still_use_tvm():
     x[1, 2, :] = torch.arange(7)
     cm = plus_tvm.compile(model, example_args=(x,), target="llvm")
     got, want = cm(x), model(x)
-    for n in (0, 2, 6, 8):  # the values
+    for n in (0, 2, 6, 8, 10, 12, 14):  # the values
         torch.testing.assert_close(got[n], want[n], rtol=0, atol=0)

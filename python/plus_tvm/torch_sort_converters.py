@@ -1,4 +1,4 @@
-"""``sort`` / ``argsort`` / ``topk`` of float tensors with torch's NaN order.
+"""``sort`` / ``argsort`` / ``topk`` / ``median`` of float tensors with torch's NaN order.
 
 torch orders NaN above every number (``+inf`` included): an ascending sort puts the NaNs last,
 a descending one first, and ``topk`` takes them as the largest values. TVM 0.27 sorts with
@@ -10,7 +10,8 @@ past a NaN. Here the order is two stable sorts (TVM's CPU sort is ``std::stable_
     second = argsort(isnan(x) gathered at first)      NaN last (first when descending)
     order  = first gathered at second
 
-the values are ``x`` gathered at the order and ``topk`` its first ``k``. Half-precision rows
+the values are ``x`` gathered at the order and ``topk`` its first ``k``; ``median`` (the lower
+one, as torch's) is NaN with the index of the first NaN in a row holding one. Half-precision rows
 are ordered by their exact float32 values; integer and bool rows keep TVM's converters.
 ``fn(node, importer) -> relax.Expr`` for the importer's ``custom_convert_map``.
 """
@@ -88,7 +89,57 @@ def topk(node: Any, importer: Any) -> relax.Expr:
     return bb.emit(relax.Tuple([values, order]))
 
 
+def _median_index(bb: Any, x: relax.Expr, axis: int) -> relax.Expr | None:
+    """The (keepdim) int64 index of the lower median along ``axis``, that of the first NaN in
+    a row holding one (torch's median is NaN there); None when the axis size is symbolic."""
+    try:
+        size = int(x.ty.shape.values[axis])
+    except (TypeError, AttributeError):
+        return None
+    order = nan_order(bb, x, axis, descending=False)
+    middle = (size - 1) // 2
+    index = bb.emit(relax.op.strided_slice(order, [axis], [middle], [middle + 1]))
+    work = bb.emit(relax.op.astype(x, "float32")) if str(x.ty.dtype) in _HALF else x
+    nan = bb.emit(relax.op.astype(relax.op.isnan(work), "int8"))
+    has_nan = bb.emit(relax.op.astype(relax.op.max(nan, [axis], True), "bool"))
+    first_nan = bb.emit(relax.op.argmax(nan, axis, True))  # (TOPI: the lowest index of the 1s)
+    return bb.emit(relax.op.where(has_nan, first_nan, index))
+
+
+def median_dim(node: Any, importer: Any) -> relax.Expr:
+    """``median.dim``: ``(values, indices)``, the lower median, NaN for a row holding one."""
+    x = importer.env[node.args[0]]
+    if not _is_float(x) or x.ty.ndim == 0:
+        return _original(importer, "median.dim")(node)
+    bb = importer.block_builder
+    axis = _axis(x, _arg(node, 1, "dim", -1))
+    index = _median_index(bb, x, axis)
+    if index is None:
+        return _original(importer, "median.dim")(node)
+    values = bb.emit(relax.op.gather_elements(x, index, axis))
+    if not bool(_arg(node, 2, "keepdim", False)):
+        values = bb.emit(relax.op.squeeze(values, [axis]))
+        index = bb.emit(relax.op.squeeze(index, [axis]))
+    return bb.emit(relax.Tuple([values, index]))
+
+
+def median(node: Any, importer: Any) -> relax.Expr:
+    """``median.default``: the lower median of every element, NaN when one is NaN."""
+    x = importer.env[node.args[0]]
+    if not _is_float(x) or x.ty.ndim == 0:
+        return _original(importer, "median.default")(node)
+    bb = importer.block_builder
+    flat = bb.emit(relax.op.reshape(x, [-1]))
+    index = _median_index(bb, flat, 0)
+    if index is None:
+        return _original(importer, "median.default")(node)
+    value = bb.emit(relax.op.gather_elements(flat, index, 0))
+    return bb.emit(relax.op.reshape(value, []))
+
+
 SORT_CONVERTERS = {
+    "median.dim": median_dim,
+    "median.default": median,
     "sort.default": sort,
     "argsort.default": argsort,
     "topk.default": topk,
