@@ -31,7 +31,9 @@ from ._common import ConfigSpec, LibraryKernel, PrepackCache, to_torch
 from .perf import call_overhead_us, library_gflops, library_time_us
 
 # the runtime's own services
-_NOT_KERNELS = frozenset({"cuda_graph", "index_check", "native", "onnx_host", "perf", "torch_host"})
+_NOT_KERNELS = frozenset(
+    {"cpu_features", "cuda_graph", "index_check", "native", "onnx_host", "perf", "torch_host"}
+)
 
 
 def _discover() -> dict[str, LibraryKernel]:
@@ -82,11 +84,8 @@ def clear_caches() -> None:
     Call it after mutating weights in place, or to free the packed copies.
     """
     for kernel in KERNELS.values():
-        kernel.cache.clear()
+        kernel.clear()
     native.clear()
-    KERNELS["plus.conv2d"].choices.clear()
-    KERNELS["plus.conv2d"].folded.clear()
-    KERNELS["plus.attention"].causal_masks.clear()
 
 
 def forget_tensor(tensor: object) -> None:

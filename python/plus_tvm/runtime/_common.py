@@ -24,6 +24,7 @@ import tvm_ffi
 from .. import env
 from ._torch import IMPORT as _TORCH_IMPORT
 from ._torch import require, torch
+from .cpu_features import cpu_dtypes
 
 # ---------------------------------------------------------------------------------------------
 # config strings
@@ -402,14 +403,12 @@ def to_torch(tensor: Any) -> torch.Tensor:
 
 @functools.cache
 def onednn_dtypes() -> tuple[torch.dtype, ...]:
-    """The dtypes torch's oneDNN takes here: float32, and bfloat16 on CPUs with native bf16
-    (measured: 10% over F.linear at BERT's FFN). Asked once, at the first use."""
+    """The dtypes torch's oneDNN takes here: float32, and bfloat16 on CPUs that compute it
+    natively (``cpu_features``: measured 10% over F.linear at BERT's FFN; torch's own check
+    also says yes where oneDNN would emulate it). Asked once, at the first use."""
     if not torch.backends.mkldnn.is_available():
         return ()
-    try:
-        bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        bf16 = False
+    bf16 = "bfloat16" in cpu_dtypes()
     return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
 
 
@@ -546,6 +545,11 @@ class LibraryKernel:
     def forget(self, data_ptr: int) -> None:
         """Drop everything cached for the tensor at ``data_ptr`` (a weight being replaced)."""
         self.cache.forget(data_ptr)
+
+    def clear(self) -> None:
+        """Drop everything this kernel caches (prepacked weights and any other state a
+        subclass keeps: it extends this)."""
+        self.cache.clear()
 
     def run(self, cfg: tuple, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         """Compute into ``out`` from torch tensors (the body of the kernel)."""

@@ -58,6 +58,10 @@ class Attention(LibraryKernel):
         # is_causal with attn_mask), one per (Sq, Sk, dtype, device)
         self.causal_masks: dict[tuple, torch.Tensor] = {}
 
+    def clear(self) -> None:
+        super().clear()
+        self.causal_masks.clear()
+
     def num_inputs(self, cfg) -> int:
         return 3 + 2 * cfg.cache + cfg.mask
 

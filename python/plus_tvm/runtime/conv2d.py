@@ -140,6 +140,11 @@ class Conv2d(LibraryKernel):
         for key in [k for k, hit in list(self.folded.items()) if _holds(hit[0], data_ptr)]:
             self.folded.pop(key, None)
 
+    def clear(self) -> None:
+        super().clear()
+        self.choices.clear()
+        self.folded.clear()
+
     def _affine(self, cfg, bias, stats) -> tuple[torch.Tensor, torch.Tensor]:
         """A half call's BatchNorm as float32 ``(s, (bias - mean) * s + beta)`` per channel,
         computed once per set of parameter tensors."""

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import hashlib
 import json
 import os
@@ -55,6 +54,7 @@ from pathlib import Path
 
 from ... import env
 from ...paths import check_private, private_dir, read_private, write_json
+from ..cpu_features import cpu_dtypes
 from . import _build
 from ._build import MANIFEST_SUFFIX, NativeUnavailableError
 
@@ -86,26 +86,6 @@ def native_kernels(kernels: dict[str, object]) -> dict[str, object]:
     """The Python ``kernels`` (name -> kernel) that have a native form: those declaring
     ``native_dtypes`` (the kernel's module is the one place that says so)."""
     return {name: k for name, k in kernels.items() if getattr(k, "native_dtypes", ())}
-
-
-# CPU flags (``/proc/cpuinfo``) under which oneDNN computes a half dtype natively (its
-# avx512_core_bf16 / avx512_core_fp16 / AMX code); elsewhere it would emulate it, slower than
-# the Python kernels' paths
-_HALF_CPU_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_dtypes() -> tuple[str, ...]:
-    """The float dtypes oneDNN computes natively on this CPU: float32, and bfloat16 / float16
-    where the CPU has the instructions for them (Linux's CPU flags; elsewhere float32 only)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        line = ""
-    flags = set(line.partition(":")[2].split())
-    half = [d for d, needs in _HALF_CPU_FLAGS.items() if flags.intersection(needs)]
-    return ("float32", *half)
 
 
 def native_dtypes(kernel: object) -> tuple[str, ...]:
