@@ -70,3 +70,25 @@ def test_integer_sorts_still_use_tvm():
     got, want = cm(x), model(x)
     for n in (0, 2, 6, 8, 10, 12, 14):  # the values
         torch.testing.assert_close(got[n], want[n], rtol=0, atol=0)
+
+
+def test_a_symbolic_dim_sorts_and_takes_medians_as_torch():
+    class Dynamic(torch.nn.Module):
+        def forward(self, x):
+            s, i = torch.sort(x, 0, descending=True)
+            m, j = torch.median(x, 0)
+            v, k = torch.max(x, 0)
+            return s, i, m, torch.median(x), v, k, torch.argmin(x, 0)
+
+    batch = torch.export.Dim("batch", min=1, max=32)
+    x = torch.randn(4, 5)
+    cm = plus_tvm.compile(
+        Dynamic(), example_args=(x,), dynamic_shapes={"x": {0: batch}}, target="llvm"
+    )
+    for n in (1, 6, 7):
+        y = torch.randn(n, 5, generator=torch.Generator().manual_seed(n))
+        y[n // 2, 3] = float("nan")
+        y[0, 1] = -float("inf")
+        got, want = cm(y), Dynamic()(y)
+        for k, (g, w) in enumerate(zip(got, want)):
+            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=f"{n}: {k}")

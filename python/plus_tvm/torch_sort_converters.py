@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import tvm
 from tvm import relax
 
 __all__ = ["SORT_CONVERTERS"]
@@ -91,14 +92,21 @@ def topk(node: Any, importer: Any) -> relax.Expr:
 
 def _median_index(bb: Any, x: relax.Expr, axis: int) -> relax.Expr | None:
     """The (keepdim) int64 index of the lower median along ``axis``, that of the first NaN in
-    a row holding one (torch's median is NaN there); None when the axis size is symbolic."""
-    try:
-        size = int(x.ty.shape.values[axis])
-    except (TypeError, AttributeError):
+    a row holding one (torch's median is NaN there); None when the shape is unknown."""
+    if x.ty.shape is None:
         return None
     order = nan_order(bb, x, axis, descending=False)
-    middle = (size - 1) // 2
-    index = bb.emit(relax.op.strided_slice(order, [axis], [middle], [middle + 1]))
+    size = x.ty.shape.values[axis]
+    if isinstance(size, tvm.tirx.IntImm):
+        middle = (int(size) - 1) // 2
+        index = bb.emit(relax.op.strided_slice(order, [axis], [middle], [middle + 1]))
+    else:  # a symbolic size: the middle position computed at run time
+        sizes = bb.emit(relax.op.shape_to_tensor(bb.emit(relax.op.shape_of(x))))
+        size = bb.emit(relax.op.take(sizes, relax.const(axis, "int64"), axis=0))
+        one, two = relax.const(1, "int64"), relax.const(2, "int64")
+        middle = bb.emit(relax.op.floor_divide(relax.op.subtract(size, one), two))
+        middle = bb.emit(relax.op.reshape(middle, [1]))
+        index = bb.emit(relax.op.take(order, middle, axis=axis))
     work = bb.emit(relax.op.astype(x, "float32")) if str(x.ty.dtype) in _HALF else x
     nan = bb.emit(relax.op.astype(relax.op.isnan(work), "int8"))
     has_nan = bb.emit(relax.op.astype(relax.op.max(nan, [axis], True), "bool"))
