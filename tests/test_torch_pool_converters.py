@@ -32,3 +32,21 @@ def test_max_pool_without_a_stride_matches_torch(pool, shape, kw):
     model = Pools(pool, **kw)
     cm = plus_tvm.compile(model, example_args=(x,), target="llvm")
     torch.testing.assert_close(cm(x), model(x), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("pool", "shape"),
+    [(functional.max_pool2d, (1, 2, 4, 4)), (functional.max_pool3d, (1, 2, 4, 4, 4))],
+    ids=["2d", "3d"],
+)
+def test_max_pool_indices_are_refused_by_name_not_returned_as_zeros(pool, shape):
+    """TVM 0.27 returned float zeros for ``return_indices=True``."""
+
+    class WithIndices(torch.nn.Module):
+        def forward(self, x):
+            values, indices = pool(x, 2, return_indices=True)
+            return values, indices
+
+    x = torch.randn(shape)
+    with pytest.raises(plus_tvm.errors.UnsupportedOperatorError, match=r"with_indices.*indices"):
+        plus_tvm.compile(WithIndices(), example_args=(x,), target="llvm")
