@@ -217,7 +217,9 @@ def _lowering_refuses(func: tirx.PrimFunc, target: tvm.target.Target) -> str:
     try:
         with target:
             lower(mod)
-    except TVM_REFUSAL as err:
+    # (TVM's IR constructors raise TypeError on what its own legalization built wrong: a
+    # bfloat16 value stored into the uint16 storage BF16StorageLegalize made of its buffer)
+    except (*TVM_REFUSAL, TypeError) as err:
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
         return f"TVM's lowering refused the schedule: {lines[-1].strip() if lines else ''}"[:200]
     return ""

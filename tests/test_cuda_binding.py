@@ -145,3 +145,21 @@ def test_float16_matmul_is_scheduled_without_the_crashing_tensor_core_path():
     ) % (str(__import__("pathlib").Path(__file__).parent),)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "scheduled" in run.stdout, run.stderr[-2000:]
+
+
+def test_a_schedule_tvm_lowers_into_a_type_error_is_declined_not_fatal():
+    """Tiny ResNet-50 in bfloat16 for CUDA: dlight's matmul schedule of two fused
+    convolution kernels (the block's batch-norm statistics copies left unbound) makes TVM's
+    BF16StorageLegalize store a bfloat16 value into uint16 storage, a TypeError. The rule's
+    schedule is declined with TVM's reason and the next rule schedules the kernel, where the
+    TypeError used to fail the whole compile."""
+    import plus_tvm
+
+    loaded = load_model("zoo:resnet50-tiny")
+    model = loaded.torch_module.eval().to(torch.bfloat16)
+    args = tuple(a.to(torch.bfloat16) for a in loaded.example_inputs)
+    compiled = plus_tvm.compile(model, "cuda", example_args=args)
+    report = compiled.stats["schedule"]
+    reasons = report["declined_because"].get("MatmulWithoutTensorCores", {})
+    assert any("dtype mismatch on BufferStore" in r for r in reasons), reasons
+    assert report["unscheduled"] == 0 and not report["failed"]
