@@ -154,8 +154,9 @@ class _Followed:
 class CompiledModel:
     """A compiled model: numpy arrays in, numpy arrays out; torch tensors in, torch tensors out.
 
-    Weights are moved to the device once, on first use. Inputs are checked against the
-    signature before running (module docstring). Safe to call from several threads.
+    Weights are moved to the device once, on first use (the host copy is not kept beside
+    them). Inputs are checked against the signature before running (module docstring). Safe
+    to call from several threads.
     """
 
     def __init__(
@@ -376,19 +377,13 @@ class CompiledModel:
                 placed: dict[int, tvm.runtime.Tensor] = {}  # a tied weight is placed once
                 for p in self._weights:
                     if id(p) not in placed:
-                        placed[id(p)] = self._placed(p)
+                        placed[id(p)] = place(p, self.device)
                 self._device_weights = [placed[id(p)] for p in self._weights]
+                self._weights = list(self._device_weights)  # (no host copy kept beside them)
             for i in self._followed.changed():
                 self._refresh(i, self._sources[i])
                 self._followed.seen(i, self._versions[i])
             return list(self._device_weights)
-
-    def _placed(self, weight: object) -> tvm.runtime.Tensor:
-        """``weight`` on the device: a TVM tensor already there is used as it is (never copied:
-        a CPU model would otherwise hold every weight twice), anything else is copied once."""
-        if isinstance(weight, tvm.runtime.Tensor) and weight.device == self.device:
-            return weight
-        return tvm.runtime.tensor(as_numpy(weight), self.device)
 
     def _refresh(self, i: int, source: WeightSource) -> None:
         """Copy weight ``i`` from its torch tensor again, into the device buffer it has: a captured
@@ -407,9 +402,41 @@ class CompiledModel:
                 "compile the model again"
             )
         old.copyfrom(np.ascontiguousarray(value))  # (a tied weight's other uses see it too)
-        self._weights[i] = value
         self._versions[i] = version
         forget_tensor(old)
+
+    # ----------------------------------------------------------------------------- weights
+    def weight_entries(self) -> list[tuple[object, WeightSource | None, int]]:
+        """Each weight (a host array or a device tensor) in parameter order, with the torch
+        tensor it came from (None: none) and that tensor's version when it was copied."""
+        with self._lock:
+            return list(zip(self._weights, self._sources, self._versions))
+
+    def use_weights(self, weights: Sequence[object]) -> None:
+        """Hold ``weights`` (the same shapes and dtypes, in parameter order) in place of this
+        model's own, before its first run: weights shared with another model
+        (:mod:`plus_tvm.shared_weights`). A TVM tensor on this model's device is passed to the
+        executable as it is."""
+        weights = list(weights)
+        with self._lock:
+            if self._device_weights is not None:  # (a captured CUDA graph keeps the old ones)
+                raise PlusError(f"{self._origin} has run: its weights can no longer be replaced")
+            if len(weights) != len(self._weights):
+                raise PlusError(f"{len(weights)} weights given for {len(self._weights)}")
+            for i, (old, new) in enumerate(zip(self._weights, weights)):
+                if _shape_dtype(old) != _shape_dtype(new):
+                    raise PlusError(
+                        f"weight {i}: {_shape_dtype(new)} given for {_shape_dtype(old)}"
+                    )
+            self._weights = weights
+
+    def weight_buffers(self) -> dict[tuple, int]:
+        """The weight buffers this model holds, host arrays and device copies, by where they
+        are: ``{(device type, device id, address): bytes}`` (a buffer used by several weights,
+        a tied one, is one entry)."""
+        with self._lock:
+            held = list(self._weights) + list(self._device_weights or [])
+        return dict(_buffer(w) for w in held)
 
     def check_inputs(self, inputs: tuple) -> list[np.ndarray]:
         """Validate inputs against the model signature; returns them as numpy arrays."""
@@ -647,11 +674,41 @@ def share_tied_weights(params: list, sources: Sequence[WeightSource | None]) -> 
         t = getattr(source, "tensor", None)
         if t is None or not hasattr(t, "data_ptr"):
             continue
-        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device))
-        j = first.setdefault(key, i)
+        j = first.setdefault(storage_key(t), i)
         if j != i:
             out[i] = out[j]
     return out
+
+
+def storage_key(tensor: object) -> tuple:
+    """What identifies a torch tensor's values: its storage address, shape, strides, dtype
+    and device (two views of one buffer with the same layout are the same tensor)."""
+    t = tensor
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device))
+
+
+def place(weight: object, device: object) -> tvm.runtime.Tensor:
+    """``weight`` on ``device``: a TVM tensor already there is used as it is (never copied: a
+    CPU model would otherwise hold every weight twice), anything else is copied once."""
+    if isinstance(weight, tvm.runtime.Tensor) and weight.device == device:
+        return weight
+    return tvm.runtime.tensor(as_numpy(weight), device)
+
+
+def _shape_dtype(weight: object) -> tuple:
+    dtype = str(weight.dtype).removeprefix("torch.")
+    return tuple(int(d) for d in weight.shape), dtype
+
+
+def _buffer(weight: object) -> tuple[tuple, int]:
+    """``((device type, device id, address), bytes)`` of a held weight."""
+    if isinstance(weight, tvm.runtime.Tensor):
+        dev = weight.device
+        item = tvm.runtime.DataType(str(weight.dtype))
+        size = int(weight.numel()) * item.bits * item.lanes // 8
+        return (dev.dlpack_device_type(), dev.index, int(weight.data_ptr())), size
+    array = as_numpy(weight)
+    return (1, 0, int(array.__array_interface__["data"][0])), int(array.nbytes)  # (kDLCPU)
 
 
 def _sha256(data: bytes) -> str:

@@ -371,7 +371,8 @@ def _compile(
     params = share_tied_weights(params, sources)
     baked = [WeightSource(name, tensor) for name, tensor in loaded.baked_tensors]
     names = model_io_names(loaded, specs)
-    return CompiledModel(executable, tgt, params, specs, stats, loaded, sources, baked, io=names)
+    source = dataclasses.replace(loaded, params={})  # (the weights: held by the model alone)
+    return CompiledModel(executable, tgt, params, specs, stats, source, sources, baked, io=names)
 
 
 def model_io_names(loaded: LoadedModel, specs: list[InputSpec]) -> ModelIO:

@@ -25,7 +25,9 @@ def compile_lm(
     ``max_batch``) and lengths (up to ``max_length``, at most the model's position table:
     ``config.n_positions`` or ``config.max_position_embeddings`` where it has one) and
     compiled by :func:`plus_tvm.compile` (the plus pipeline: the linears, norms and attention
-    are dispatched as in a forward pass). The module is not changed.
+    are dispatched as in a forward pass). Both steps take the same weight buffers (one copy of
+    each weight, placed on the device once: :mod:`plus_tvm.shared_weights`). The module is
+    not changed.
 
     Returns
     -------
@@ -36,6 +38,7 @@ def compile_lm(
     import torch  # (imported here: ``import plus_tvm`` does not need torch)
 
     from ..compiler import compile as plus_compile
+    from ..shared_weights import share_weights
     from .checks import Limits
     from .compiled_lm import CompiledLM
     from .export import export_steps
@@ -65,6 +68,7 @@ def compile_lm(
     programs = export_steps(model, vocab, max_batch, max_length)
     prefill = plus_compile(programs.prefill, target, options=options)
     decode = plus_compile(programs.decode, target, options=options)
+    share_weights([prefill, decode])  # (each compile copied every weight: held once now)
     generation = getattr(model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)
     pad = getattr(generation, "pad_token_id", None)

@@ -8,6 +8,7 @@ import threading
 import torch
 
 from ..compiled_model import CompiledModel
+from ..shared_weights import held_weights
 from .checks import Limits, as_ids, check_request, eos_ids
 from .export import MIN_DECODE_PAST, CacheLayout
 from .kv_cache import KVCache
@@ -30,7 +31,9 @@ class CompiledLM:
       keys and values (``[1, batch, kv_heads, head_dim]``).
 
     :meth:`generate` runs that loop with transformers' meanings. ``stats`` holds both steps'
-    compile statistics and the KV cache's memory.
+    compile statistics, the KV cache's memory and the weights' (``weights``: the distinct
+    buffers both steps hold, one per weight when they share them as :func:`compile_lm` makes
+    them).
     """
 
     def __init__(
@@ -76,6 +79,8 @@ class CompiledLM:
                 "bytes_at_limits": per_token * self.max_batch * self.max_length,
                 "allocated_bytes": self._cache.allocated_bytes(),
             },
+            # the weight buffers both steps hold together (shared: each weight once)
+            "weights": held_weights([self.prefill, self.decode]),
             "prefill": self.prefill.stats,
             "decode": self.decode.stats,
         }
