@@ -18,6 +18,7 @@ from .mod import Mod
 from .negative_log_likelihood_loss import NegativeLogLikelihoodLoss
 from .reduce_extremes import ReduceMax, ReduceMin
 from .softmax_cross_entropy_loss import SoftmaxCrossEntropyLoss
+from .top_k import TopK
 
 CONVERTERS = {
     "ArgMax": ArgMax,
@@ -36,6 +37,7 @@ CONVERTERS = {
     "ReduceMax": ReduceMax,
     "ReduceMin": ReduceMin,
     "SoftmaxCrossEntropyLoss": SoftmaxCrossEntropyLoss,
+    "TopK": TopK,
 }
 
 __all__ = ["CONVERTERS"]
