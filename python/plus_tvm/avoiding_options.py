@@ -7,6 +7,8 @@ pass name first (the most precise), then the phase.
 
 from __future__ import annotations
 
+from .options import Options
+
 # pass name (as TVM's PassInfo names it) -> the option that leaves that pass out
 BY_PASS: dict[str, str] = {
     "PlusDispatch": "dispatch=false",
@@ -42,16 +44,28 @@ def avoiding_option(phase: str | None, pass_name: str | None) -> str | None:
     return None
 
 
-def hint(phase: str | None, pass_name: str | None) -> str:
-    """The sentence an internal error ends with ('' when no option avoids the failing part)."""
+def hint(phase: str | None, pass_name: str | None, options: Options | None = None) -> str:
+    """The sentence an internal error ends with: the option that avoids the failing part; TVM's
+    own pipeline where ``options`` (the compile's) already set that option; '' where no option
+    avoids the part."""
     option = avoiding_option(phase, pass_name)
     if option is None:
         return ""
+    if options is not None and _in_effect(option, options):
+        return (
+            f" It failed with {option} already set; TVM's own pipeline may compile the "
+            "model: --pipeline tvm (Python: plus_tvm.compile(..., pipeline='tvm'))."
+        )
     key, value = option.split("=", 1)
     return (
         f" To compile without that part while it is fixed: --opt {option} "
         f"(Python: Options({key}={_python_value(value)}))."
     )
+
+
+def _in_effect(option: str, options: Options) -> bool:
+    key = option.split("=", 1)[0]
+    return getattr(Options.from_pairs([option]), key) == getattr(options, key)
 
 
 def _python_value(value: str) -> str:

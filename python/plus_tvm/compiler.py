@@ -108,7 +108,7 @@ def pre_lowering(
         if pipeline == "plus"
         else tvm_pre_lowering_passes(target)
     )
-    with _context(instruments), target, _naming_the_pass(tracker):
+    with _context(instruments), target, _naming_the_pass(tracker, options):
         mod = tvm.transform.Sequential(passes, name=f"{pipeline}.pre_lowering")(loaded.mod)
     ops = count_ops(loaded.mod)
     kstats = kernel_stats(mod)
@@ -146,7 +146,7 @@ def _post_lowering(
     """Phases 5-6 as Relax passes only (no code generation): what :func:`inspect` runs to see
     the CUDA-graph passes' result."""
     tracker = _PassTracker()
-    with _context([*instruments, tracker]), target, _naming_the_pass(tracker):
+    with _context([*instruments, tracker]), target, _naming_the_pass(tracker, options):
         return tvm.transform.Sequential(phase_passes(target, options, _POST))(mod)
 
 
@@ -207,9 +207,12 @@ class _PassTracker:
 
 
 @contextlib.contextmanager
-def _naming_the_pass(tracker: _PassTracker, codegen: bool = False):
+def _naming_the_pass(
+    tracker: _PassTracker, options: Options | None = None, codegen: bool = False
+):
     """Turn an unexpected error inside a pass into an :class:`InternalCompileError` naming the
-    phase and the pass (user errors and interrupts pass through unchanged)."""
+    phase and the pass, and the option that avoids it unless ``options`` (the compile's) has
+    it already (user errors and interrupts pass through unchanged)."""
     try:
         yield
     except (PlusError, KeyboardInterrupt, MemoryError):
@@ -222,7 +225,7 @@ def _naming_the_pass(tracker: _PassTracker, codegen: bool = False):
         lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
         reason = f"{type(err).__name__}: {lines[-1] if lines else ''}"
         where = tracker.where() if tracker.running else ("code generation" if codegen else "?")
-        avoid = avoiding_options.hint(*tracker.parts()) if tracker.running else ""
+        avoid = avoiding_options.hint(*tracker.parts(), options) if tracker.running else ""
         raise InternalCompileError(f"internal error in {where}: {reason}{avoid}") from err
 
 
@@ -354,7 +357,7 @@ def _compile(
         instruments = [recorder, tracker] + ([dumper] if dumper is not None else [])
         specs = input_specs(loaded.mod)
         mod = with_signature(mod, signature_text(specs, len(weight_names)))
-        with _context(instruments), _naming_the_pass(tracker, codegen=True):
+        with _context(instruments), _naming_the_pass(tracker, options, codegen=True):
             executable = tvm.compile(
                 mod, tgt, relax_pipeline=tvm.transform.Sequential(post, name=f"{pipeline}.post")
             )
