@@ -5,13 +5,12 @@ last slot; the tokens stay those of transformers."""
 
 from __future__ import annotations
 
-import plus_tvm
 import plus_tvm.runtime as rt
 import pytest
 import torch
 import tvm
+from _shared_lm import compiled_lm
 from plus_tvm.lm.kv_cache import KVCache
-from plus_tvm.lm.models import load_causal_lm
 from plus_tvm.runtime import native
 from tvm import relax
 
@@ -77,8 +76,7 @@ def test_cache_attention_kernel(layout, kv_heads, use_native):
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])  # llama: grouped-query heads
 def compiled(request):
-    model = load_causal_lm(f"arch:{request.param}")
-    return model, plus_tvm.compile_lm(model, max_batch=4, max_length=32)
+    return compiled_lm(request.param)  # (tests/_shared_lm.py: compiled once per session)
 
 
 def test_decode_attention_reaches_the_warehouse_with_the_cache(compiled):

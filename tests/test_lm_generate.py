@@ -11,6 +11,7 @@ import json
 import plus_tvm
 import pytest
 import torch
+from _shared_lm import MAX_BATCH, MAX_LENGTH, compiled_lm
 from plus_tvm.cli import main as cli_main
 from plus_tvm.lm import CompiledLM
 from plus_tvm.lm.bench import bench_generate
@@ -43,12 +44,12 @@ def _compiled(name: str, **overrides) -> tuple:
 
 @pytest.fixture(scope="module")
 def gpt2():
-    return _compiled("gpt2")
+    return compiled_lm("gpt2")  # (compiled once per session, shared with other files)
 
 
 @pytest.fixture(scope="module")
 def llama():
-    return _compiled("llama")
+    return compiled_lm("llama")
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -132,7 +133,7 @@ def test_kv_cache_stats_and_reuse(llama):
     per_token = config.num_hidden_layers * 2 * config.num_key_value_heads * head * 4
     stats = lm.stats["kv_cache"]
     assert stats["bytes_per_token"] == per_token
-    assert stats["bytes_at_limits"] == per_token * 4 * 64
+    assert stats["bytes_at_limits"] == per_token * MAX_BATCH * MAX_LENGTH
     assert lm.stats["prefill"]["kernels"] > 0 and lm.stats["decode"]["kernels"] > 0
     ids, mask = _prompts(2, 3)
     lm.generate(ids, NEW, attention_mask=mask, eos_token_id=[])
