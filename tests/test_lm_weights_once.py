@@ -56,6 +56,23 @@ def test_shared_weights_follow_in_place_updates(gpt2):
     assert lm.stats["weights"]["bytes"] == weight_bytes(model)
 
 
+def test_decode_call_takes_the_past_without_a_copy(gpt2):
+    # lm.decode(...) passes CPU torch tensors by DLPack (it copied every input before): the
+    # attention writes the new token's keys and values into the slot of the tensors given
+    model, lm = gpt2
+    ids = torch.tensor([[5, 6, 7, 9]])
+    logits, *fresh = lm.prefill(ids, torch.ones_like(ids), torch.arange(4)[None])
+    past = [torch.cat([t, torch.zeros_like(t[:1])]) for t in fresh]  # + the new token's slot
+    token = logits.argmax(-1, keepdim=True)
+    mask = torch.ones(1, 5, dtype=torch.long)
+    out, *new = lm.decode(token, mask, torch.tensor([[4]]), *past)
+    for given, made in zip(past, new):
+        assert torch.equal(given[-1:], made)
+    with torch.no_grad():
+        want = model(torch.cat([ids, token], 1)).logits[:, -1]
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
 class _MLP(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -61,6 +61,7 @@ from .tvm_libs import compiler_available
 
 FORMAT = "plus_tvm.compiled/3"  # 3: the executable carries its signature
 _READABLE_FORMATS = (FORMAT,)
+_ALIGNMENT = 64  # bytes: what TVM's kernels assume of a buffer (tvm.runtime.from_dlpack checks)
 
 
 @dataclass(frozen=True)
@@ -262,10 +263,28 @@ class CompiledModel:
         arrays = self.check_inputs(inputs)
         self._vm()  # fail clearly before touching a missing device
         try:
-            return [tvm.runtime.tensor(a, self.device) for a in arrays]
+            return [self._input_tensor(a) for a in arrays]
         except TVM_REFUSAL as err:
             where = f"cannot place the inputs on {self.device}"
             raise InputError(f"{where}: {_last_line(err)}") from None
+
+    def _input_tensor(self, array: np.ndarray) -> tvm.runtime.Tensor:
+        """An input on the device. On the CPU a writable C-ordered array aligned as TVM's
+        kernels need (a torch tensor's own storage, a large numpy array) is passed as it is, by
+        DLPack: no copy (a decode step's past keys and values would otherwise be copied at
+        every step); anything else is copied."""
+        if (
+            self._cpu
+            and array.size
+            and array.flags.c_contiguous
+            and array.flags.writeable
+            and array.ctypes.data % _ALIGNMENT == 0
+        ):
+            try:
+                return tvm.runtime.from_dlpack(array)
+            except (BufferError, *TVM_REFUSAL):  # a dtype DLPack has no code for (bfloat16)
+                pass
+        return tvm.runtime.tensor(array, self.device)
 
     def run_prepared(self, prepared: list) -> object:
         """Run on inputs from :meth:`prepare`; returns TVM tensors (synchronised)."""
