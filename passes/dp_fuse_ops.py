@@ -40,6 +40,7 @@ from plus_tvm.fusion import (
 )
 from plus_tvm.mapping import MapPattern, needs_contiguous_input
 from tvm import relax, tirx
+from tvm.relax.analysis import free_symbolic_vars
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: module attributes the pass writes (read by ``plus_tvm.stats``)
@@ -200,8 +201,12 @@ class _FunctionFuser:
         self.notes: list[str] = []
         self.priced = _no_prices()
         self._vectors: dict[str, dict | None] = {}  # TIR vector per PrimFunc name
+        self._input_sizes: set[int] = set()  # the symbolic sizes the function's inputs define
 
     def rewrite(self, func: relax.Function) -> relax.Function | None:
+        self._input_sizes = {
+            v.id_ for p in func.params for v in relax.analysis.definable_tir_vars_in_type(p.ty)
+        }
         body = func.body
         if not isinstance(body, relax.SeqExpr):
             return None
@@ -369,27 +374,47 @@ class _FunctionFuser:
             relax.Var(e.name if isinstance(e, relax.Var) else f"c{k}", e.ty)
             for k, e in enumerate(externals)
         ]
-        # A symbolic size the group uses (tir_vars of its calls, its outputs' shapes) that no
-        # parameter defines as a bare dimension (``s*8`` does not define ``s``) would leave the
-        # outlined function's results without shapes, and FuseTIR cannot merge kernels that
-        # take the size as an extra argument: such a group is left unfused.
+        # A symbolic size the group uses (its parameters' and outputs' shapes, its calls'
+        # tir_vars) that no tensor parameter defines as a bare dimension (``s*8`` does not
+        # define ``s``; a GPT-2 MLP's GELU chain reads the linear's ``[b*n, 3072]`` result and
+        # writes ``[b, n, 3072]``) is passed in as one more parameter, a shape of those sizes:
+        # it defines them in the outlined function, as TVM's FuseOps does (FuseTIR hands them
+        # to the kernel as its size arguments). Such groups were left unfused before: every
+        # operation of the chain one kernel.
         defined_syms: set[int] = set()
         for param in params:
             for sym in relax.analysis.definable_tir_vars_in_type(param.ty):
                 defined_syms.add(sym.id_)
-        # The same for a parameter's own type: a tensor of shape ``[s * t * 2, 4]`` (a
-        # mixture-of-experts layer's flattened token-expert pairs) uses ``s`` and ``t`` without
-        # defining them, and a scalar argument ``s`` does not define them either (the outlined
-        # function's copy of it is a new variable): the function would not be well formed.
-        used_by_params = [v for p in params for v in relax.analysis.tir_vars_in_type(p.ty)]
-        if any(sym.id_ not in defined_syms for sym in used_by_params):
-            return list(members)
+        used = [v for p in params for v in relax.analysis.tir_vars_in_type(p.ty)]
         for b in members:
             exprs = [*b.value.args[2:]] if isinstance(b.value, relax.Call) else []
-            used = [v for e in exprs for v in relax.analysis.free_symbolic_vars(e)]
-            used += list(relax.analysis.tir_vars_in_type(b.var.ty))
-            if any(sym.id_ not in defined_syms for sym in used):
+            # (and a size passed among the arguments, ``call_tir(f, (x, n))``)
+            exprs += [a for a in _operands(b.value) if not isinstance(a, _TENSOR_ARGS)]
+            if any(v.id_ not in defined_syms for e in exprs for v in free_symbolic_vars(e)):
+                # a kernel that takes such a size as its own argument (a MoE layer's
+                # ``[s*t*2, 4]``): FuseTIR defines it twice when merging; left unfused
                 return list(members)
+            used += list(relax.analysis.tir_vars_in_type(b.var.ty))
+        missing: list[tirx.Var] = []
+        for sym in used:
+            if sym.id_ not in defined_syms and not any(sym.same_as(m) for m in missing):
+                missing.append(sym)
+        outputs_define = {
+            v.id_ for b in members for v in relax.analysis.definable_tir_vars_in_type(b.var.ty)
+        }
+        scalars = missing and any(not isinstance(e.ty, relax.TensorType) for e in externals)
+        if scalars or any(
+            sym.id_ not in outputs_define or sym.id_ not in self._input_sizes for sym in missing
+        ):
+            # only ever inside composites (``[2*b, d]`` in and out: each kernel would take ``b``
+            # as its own size argument, which FuseTIR defines twice; so does a size that comes
+            # in as a scalar argument besides), or a size a match_cast
+            # defines (the passes after FuseTIR may fold it to a constant, where the kernel's
+            # size argument must stay a variable): left unfused
+            return list(members)
+        if missing:
+            externals.append(relax.ShapeExpr(missing))
+            params.append(relax.Var("plus_sizes", relax.ShapeType(missing)))
         fb = relax.BlockBuilder()
         with fb.function("fused", params, attrs={"Primitive": True}, private=True):
             with fb.dataflow():
@@ -445,6 +470,9 @@ def _symbolic_edges(bindings: Sequence[relax.Binding], data: set[tuple[int, int]
             for sym in relax.analysis.definable_tir_vars_in_type(binding.ty):
                 definer.setdefault(sym.id_, j)
     return edges
+
+
+_TENSOR_ARGS = (relax.Var, tvm.ir.expr.Constant)
 
 
 def _operands(value: relax.Expr) -> list[relax.Expr]:
