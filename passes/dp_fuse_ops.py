@@ -40,7 +40,6 @@ from plus_tvm.fusion import (
 )
 from plus_tvm.mapping import MapPattern, needs_contiguous_input
 from tvm import relax, tirx
-from tvm.relax.analysis import free_symbolic_vars
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: module attributes the pass writes (read by ``plus_tvm.stats``)
@@ -390,7 +389,8 @@ class _FunctionFuser:
             exprs = [*b.value.args[2:]] if isinstance(b.value, relax.Call) else []
             # (and a size passed among the arguments, ``call_tir(f, (x, n))``)
             exprs += [a for a in _operands(b.value) if not isinstance(a, _TENSOR_ARGS)]
-            if any(v.id_ not in defined_syms for e in exprs for v in free_symbolic_vars(e)):
+            sizes = [v for e in exprs for v in relax.analysis.free_symbolic_vars(e)]
+            if any(v.id_ not in defined_syms for v in sizes):
                 # a kernel that takes such a size as its own argument (a MoE layer's
                 # ``[s*t*2, 4]``): FuseTIR defines it twice when merging; left unfused
                 return list(members)
@@ -406,11 +406,11 @@ class _FunctionFuser:
         if scalars or any(
             sym.id_ not in outputs_define or sym.id_ not in self._input_sizes for sym in missing
         ):
-            # only ever inside composites (``[2*b, d]`` in and out: each kernel would take ``b``
-            # as its own size argument, which FuseTIR defines twice; so does a size that comes
-            # in as a scalar argument besides), or a size a match_cast
-            # defines (the passes after FuseTIR may fold it to a constant, where the kernel's
-            # size argument must stay a variable): left unfused
+            # left unfused: a size only ever inside composites (``[2*b, d]`` in and out: each
+            # kernel would take ``b`` as its own size argument, which FuseTIR defines twice; so
+            # it does for a size that also comes in as a scalar argument), or one a match_cast
+            # defines (later passes may fold it to a constant where the kernel's size argument
+            # must stay a variable)
             return list(members)
         if missing:
             externals.append(relax.ShapeExpr(missing))
