@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tvm
 from gir_kernels import random_args, run
+from plus_tvm.gir.model import target_lanes
 from plus_tvm.options import Options
 from plus_tvm.pipeline import phase_passes
 from plus_tvm.schedules import GIRLLVM, ParallelSpatialLLVM
@@ -67,7 +68,7 @@ def _check(func, target, sch):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("h,w,c", [(56, 56, 32), (30, 30, 20), (40, 23, 24)])
+@pytest.mark.parametrize("h,w,c", [(56, 56, 32), (30, 30, 20), (40, 23, 24), (32, 32, 18)])
 def test_se_scale_runs_parallel_and_equals_unscheduled(h, w, c, llvm):
     func = _fused(llvm, _se_scale(h, w, c))
     assert "conv2d" in str(func)
@@ -76,8 +77,9 @@ def test_se_scale_runs_parallel_and_equals_unscheduled(h, w, c, llvm):
     assert sch is not None
     kinds = set().union(*_loop_kinds(sch.mod["main"]).values())
     assert int(tirx.ForKind.PARALLEL) in kinds
-    # 20 channels: not a multiple of the vector width, parallel only
-    assert (int(tirx.ForKind.VECTORIZED) in kinds) == (c % 8 == 0)
+    # the vector is halved until it divides the channels, down to 4 lanes (20: 4 lanes);
+    # 18 channels: parallel only
+    assert (int(tirx.ForKind.VECTORIZED) in kinds) == (c % 4 == 0)
     _check(func, llvm, sch)
 
 
@@ -259,17 +261,23 @@ def test_a_half_pool_runs_parallel_vectorized_over_channels_and_exact(dtype, c, 
     sch = ParallelSpatialLLVM(min_elements=1024).apply(func, llvm, False)
     assert sch is not None
     s = s_tir.Schedule(sch.mod["main"])
-    pool = next(
-        b for b in s.get_child_blocks(s.get_sblock("root")) if "pool" in s.get(b).name_hint
-    )
-    loops = [s.get(loop) for loop in s.get_loops(pool)]
+    names = {s.get(b).name_hint: b for b in s.get_child_blocks(s.get_sblock("root"))}
+    # the padding is read in place, not written out
+    assert not any("pad" in name for name in names), names
+    update = next(b for name, b in names.items() if name.endswith("_update"))
+    loops = [s.get(loop) for loop in s.get_loops(update)]
     assert int(loops[0].kind) == int(tirx.ForKind.PARALLEL)
-    if c % 8 == 0:
-        assert int(loops[-1].kind) == int(tirx.ForKind.VECTORIZED)
-        # the window loops (extent 3) sit outside the channel loops
-        assert [int(lp.extent) for lp in loops[-4:-2]] == [3, 3]
-    else:
-        assert int(tirx.ForKind.VECTORIZED) not in {int(lp.kind) for lp in loops}
+    # the window loops (extent 3) sit between the vectors of channels and their lanes, as
+    # wide as the target's vector in the pool's widest type (float32), halved until they divide
+    lanes = target_lanes(llvm)
+    while c % lanes:
+        lanes //= 2
+    assert [int(lp.extent) for lp in loops[-3:]] == [3, 3, lanes]
+    assert int(loops[-1].kind) == int(tirx.ForKind.VECTORIZED)
+    assert int(loops[-4].extent) == c // lanes
+    # each vector of outputs is set once, in front of its window, as one vector
+    init = names[s.get(update).name_hint.replace("_update", "_init")]
+    assert int(s.get(s.get_loops(init)[-1]).kind) == int(tirx.ForKind.VECTORIZED)
     for want, got in zip(_run_typed(func, llvm), _run_typed(sch.mod["main"], llvm)):
         np.testing.assert_array_equal(got.astype("float32"), want.astype("float32"))
 
@@ -293,9 +301,7 @@ def test_a_row_reduction_runs_parallel_without_lanes_across_the_reduction(llvm):
     sch = ParallelSpatialLLVM().apply(func, llvm, False)
     assert sch is not None
     s = s_tir.Schedule(sch.mod["main"])
-    reductions = [
-        b for b in s.get_child_blocks(s.get_sblock("root")) if s.get(b).init is not None
-    ]
+    reductions = [b for b in s.get_child_blocks(s.get_sblock("root")) if s.get(b).init is not None]
     assert len(reductions) == 2
     for b in reductions:
         loops = [s.get(loop) for loop in s.get_loops(b)]
