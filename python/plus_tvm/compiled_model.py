@@ -57,6 +57,7 @@ from .signature import (
     signature_text,
 )
 from .target import device_for, target_json, target_name
+from .torch_branch_guards import Guards
 from .tvm_libs import compiler_available
 
 FORMAT = "plus_tvm.compiled/3"  # 3: the executable carries its signature
@@ -200,6 +201,9 @@ class CompiledModel:
         self._cpu = _is_cpu(self.device)
         self._openmp = self._cpu and (options or {}).get("cpu_parallel") == "openmp"
         self._device_seen = False
+        # Python branches on a tensor's value compiled by speculation (torch_branch_guards)
+        fallback = (options or {}).get("host_fallback", True)
+        self._guards = Guards.of(stats, source, fallback)
 
     # ----------------------------------------------------------------------------- running
     def __call__(self, *args: object, **kwargs: object) -> object:
@@ -255,8 +259,15 @@ class CompiledModel:
         where an input was one, numpy arrays otherwise."""
         inputs = bind(self.io.input_names, args, kwargs)
         out = self.run_prepared(self.prepare(*inputs))
-        convert = _to_torch if any(_is_torch(x) for x in inputs) else _to_numpy
-        return [convert(leaf) for leaf in _leaves(out)]
+        torch_in = any(_is_torch(x) for x in inputs)
+        convert = _to_torch if torch_in else _to_numpy
+        leaves = _leaves(out)
+        if self._guards is not None:  # (a speculated branch that went another way: torch eager)
+            leaves, missed = self._guards.split(leaves)
+            if missed:
+                eager = self._guards.rerun(missed, inputs)
+                return eager if torch_in else [_to_numpy(t.cpu()) for t in eager]
+        return [convert(leaf) for leaf in leaves]
 
     def prepare(self, *inputs: object) -> list:
         """Check inputs and place them on the device (separate so benchmarks can time runs)."""

@@ -39,6 +39,7 @@ from .progress import CompileProgress
 from .signature import SIGNATURE_FUNCTION, InputSpec, signature_text
 from .stats import PipelineRecorder, contraction_flops, count_ops, host_nodes, kernel_stats
 from .target import resolve_target, target_name
+from .torch_branch_guards import speculated_branches
 from .tvm_default import tvm_post_lowering_passes, tvm_pre_lowering_passes
 
 __all__ = ["CompiledModel", "InputSpec", "compile", "input_specs", "inspect", "load"]
@@ -130,6 +131,7 @@ def pre_lowering(
         **({"schedule": recorder.schedule} if recorder.schedule is not None else {}),
         "kernel_names": kstats["kernel_names"],
         **({"host_nodes": hosts} if (hosts := host_nodes(loaded.mod)) else {}),
+        **({"speculated_branches": b} if (b := speculated_branches(loaded.mod)) else {}),
         "options": options.to_dict(),
         "compile_s": time.perf_counter() - start,
     }

@@ -54,6 +54,11 @@ class HostNodeError(PlusError, RuntimeError):
     without a converter) refused the values it got as the model ran; the message names it."""
 
 
+class BranchSpeculationError(PlusError, RuntimeError):
+    """A call took a Python branch on a tensor's value the other way than the compiled path
+    (plus_tvm.torch_branch_speculation), and no torch module can run it; names the line."""
+
+
 # What the runtime's services (packed functions the VM calls) put in the message of an error
 # they raise on bad values: TVM hands such an error back as a bare RuntimeError (from a run, or
 # from a pass that evaluated the service at compile time), and :func:`service_error` finds

@@ -120,15 +120,9 @@ def export_torch(
             module, training = prep.eval_copy(module), False
         kwargs = prep.ordered_kwargs(module, kwargs)
         exported, tensors = prep.bind_constants(module, kwargs)
-        try:
-            with torch.no_grad(), prep.cache_off(exported, kwargs) as dropped:
-                program = torch.export.export(
-                    exported, args or (), tensors or None, dynamic_shapes=dynamic_shapes
-                )
-        except Exception as err:  # noqa: BLE001 - the user's forward runs here: any error
-            from .torch_export_errors import export_failure_message  # (a branch on a value)
-
-            raise ModelLoadError(export_failure_message(name, err)) from err
+        program, dropped = _export_module(
+            exported, args or (), tensors, kwargs, dynamic_shapes, name
+        )
         found = prep.training_ops(program) if training else []
         if found:
             raise ModelLoadError(prep.training_message(name, found))
@@ -138,7 +132,55 @@ def export_torch(
         raise ModelLoadError(
             f"from_torch expects a torch.nn.Module or ExportedProgram, got {type(module).__name__}"
         )
-    return program.run_decompositions()
+    from .torch_branch_speculation import carry_speculation
+
+    return carry_speculation(program, program.run_decompositions())
+
+
+def _export_module(
+    module: torch.nn.Module,
+    args: tuple,
+    tensors: dict,
+    kwargs: dict,
+    dynamic_shapes: object,
+    name: str,
+) -> tuple[torch.export.ExportedProgram, bool]:
+    """``(torch.export of module, whether a cache was turned off)``; a module that branches on
+    a tensor's value is exported by speculation (:mod:`plus_tvm.torch_branch_speculation`)."""
+    import torch
+
+    from . import torch_model_prep as prep
+    from .torch_export_errors import (
+        export_failure_message,
+        is_data_dependent,
+        partial_graph_dropped,
+    )
+
+    def run(mod: torch.nn.Module, a: tuple, kw: dict) -> torch.export.ExportedProgram:
+        with partial_graph_dropped():
+            return torch.export.export(mod, a, kw or None, dynamic_shapes=dynamic_shapes)
+
+    def eager(mod: torch.nn.Module, a: tuple, kw: dict) -> object:
+        with torch.no_grad(), prep.cache_off(mod, {**kwargs, **kw}):
+            return mod(*a, **kw)
+
+    try:
+        with torch.no_grad(), prep.cache_off(module, kwargs) as dropped:
+            try:
+                return run(module, args, tensors), dropped
+            except Exception as err:  # noqa: BLE001 - the user's forward runs here: any error
+                if not is_data_dependent(err):
+                    raise
+                from .torch_branch_speculation import export_speculating
+
+                program = export_speculating(module, args, tensors, dynamic_shapes, run, eager)
+                if program is None:
+                    raise
+                return program, dropped
+    except ModelLoadError:
+        raise
+    except Exception as err:  # noqa: BLE001 - (a branch on a value, or any other failure)
+        raise ModelLoadError(export_failure_message(name, err)) from err
 
 
 def example_inputs(
@@ -194,7 +236,9 @@ def import_exported(
     )
     if hosts:
         mod = mod.with_attr(HOST_NODES_ATTR, json.dumps(_warn_host_nodes(missing, hosts)))
-    return _detach(mod)
+    from .torch_branch_speculation import speculation_of, with_branches
+
+    return _detach(with_branches(mod, speculation_of(program)))
 
 
 def torch_weight_tensors(

@@ -143,6 +143,7 @@ def _load_torch(
 
     from . import output_structure
     from .frontend import example_inputs
+    from .torch_branch_speculation import speculation_of
     from .torch_model_prep import eval_copy
 
     if train_mode == "eval" and isinstance(module, torch.nn.Module) and module.training:
@@ -157,8 +158,10 @@ def _load_torch(
     torch_module = module if isinstance(module, torch.nn.Module) else module.module()
     inputs = _flat_inputs(program, args, kwargs)
     user_inputs = list(program.graph_signature.user_inputs)
-    count = output_count(mod)
-    structure = output_structure.from_treespec(program.call_spec.out_spec)
+    speculation = speculation_of(program)  # (guard outputs after the model's own)
+    count = output_count(mod) - (len(speculation.branches) if speculation else 0)
+    spec = speculation.out_spec if speculation else program.call_spec.out_spec
+    structure = output_structure.from_treespec(spec)
     if structure is None or output_structure.leaf_count(structure) != count:
         structure = output_structure.flat(count)  # (returned flat, as the function does)
     loaded = LoadedModel(
@@ -176,6 +179,8 @@ def _load_torch(
     )
     if kwargs:
         loaded.extra["example_kwargs"] = kwargs
+    if speculation:
+        loaded.extra["speculation"] = speculation
     return loaded
 
 

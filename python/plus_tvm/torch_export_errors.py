@@ -15,9 +15,13 @@ failure keeps its first line.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
+import sys
+from collections.abc import Iterator
 
-__all__ = ["export_failure_message"]
+__all__ = ["export_failure_message", "is_data_dependent", "partial_graph_dropped"]
 
 _CAUSED_BY = re.compile(r"Caused by: \(([^)]*)\)")
 _CALL = re.compile(
@@ -45,6 +49,41 @@ def export_failure_message(name: str, err: BaseException) -> str:
         "input, so such a branch cannot be compiled: write it with torch.where / torch.cond, "
         "or take the branch outside the compiled module"
     )
+
+
+def is_data_dependent(err: BaseException) -> bool:
+    """Whether a failed export stopped at a branch on a tensor's value (torch could not guard
+    on a data-dependent expression), anywhere in the exception's chain."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if _GUARD.search(str(err)) and "data-dependent" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+@contextlib.contextmanager
+def partial_graph_dropped() -> Iterator[None]:
+    """Around a ``torch.export`` that may stop at a branch on a value: torch prints the graph
+    traced so far on stderr before raising (``print(e.partial_fx_graph, file=sys.stderr)``),
+    a page of noise where plus_tvm compiles the branch by speculation or names its line.
+    That print is dropped; anything else the export wrote on stderr is written after it."""
+    held = io.StringIO()
+    failed: BaseException | None = None
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except BaseException as err:
+        failed = err
+        raise
+    finally:
+        text = held.getvalue()
+        graph = getattr(failed, "partial_fx_graph", None)
+        if graph is not None and is_data_dependent(failed):
+            text = text.replace(f"{graph}\n", "")
+        if text:
+            sys.stderr.write(text)
 
 
 def _branch_location(text: str) -> str:

@@ -45,6 +45,7 @@ from .moe_converters import MOE_CONVERTERS
 from .torch_advanced_index_converters import ADVANCED_INDEX_CONVERTERS
 from .torch_arange_converters import ARANGE_CONVERTERS
 from .torch_arg_extremes import ARG_EXTREME_CONVERTERS
+from .torch_bool_arith import BOOL_ARITH_CONVERTERS
 from .torch_clamp import CLAMP_CONVERTERS
 from .torch_empty_converters import EMPTY_CONVERTERS
 from .torch_index_converters import INDEX_CONVERTERS
@@ -310,6 +311,7 @@ def custom_convert_map() -> dict[str, Converter]:
         **ARANGE_CONVERTERS,  # a negative step, which 0.27 sizes wrongly
         **EMPTY_CONVERTERS,  # empty / empty_permuted with symbolic sizes
         **RANDOM_REFUSALS,  # randn / exponential / bernoulli, which 0.27 makes constants
+        **BOOL_ARITH_CONVERTERS,  # bool * bool (isfinite's decomposition) as a logical and
     }
     for key in FLOAT_RESULT_OPS:
         fixes[key] = promote_to_result_dtype(key)
