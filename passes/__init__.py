@@ -19,6 +19,7 @@ from .fold_pad_into_conv import FoldPadIntoConv
 from .fold_static_subgraphs import FoldStaticSubgraphs
 from .full_as_broadcast import FullAsBroadcast
 from .global_pool_to_mean import GlobalPoolToMean
+from .infinite_extreme_identity import InfiniteExtremeIdentity
 from .merge_sibling_linears import MergeSiblingLinears
 from .plus_dispatch import PlusDispatch
 from .propagate_nan import PropagateNaN
@@ -48,6 +49,7 @@ __all__ = [
     "Conv1dAsConv2d",
     "FullAsBroadcast",
     "GlobalPoolToMean",
+    "InfiniteExtremeIdentity",
     "MergeSiblingLinears",
     "PlusDispatch",
     "PropagateNaN",

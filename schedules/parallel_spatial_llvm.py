@@ -40,6 +40,8 @@ from plus_tvm.tir_blocks import (
     SPATIAL,
     BlockInfo,
     count_ops,
+    has_load,
+    if_then_else,
     is_data_parallel,
     loads,
     nodes,
@@ -256,14 +258,10 @@ def _moves_data(block: object) -> bool:
 
 def _padding_test(value: tvm.ir.Expr) -> tvm.ir.Expr | None:
     """The condition of ``if_then_else(condition, a, b)`` when it reads no buffer."""
-    if not (
-        isinstance(value, tvm.ir.Call)
-        and isinstance(value.op, tvm.ir.Op)
-        and value.op.name == "tirx.if_then_else"
-    ):
+    parts = if_then_else(value)
+    if parts is None or has_load(parts[0]):
         return None
-    condition = value.args[0]
-    return None if any(True for _ in loads(condition)) else condition
+    return parts[0]
 
 
 def _keeps_lanes(block: object) -> bool:

@@ -309,3 +309,23 @@ def test_a_row_reduction_runs_parallel_without_lanes_across_the_reduction(llvm):
         assert int(loops[-1].kind) == int(tirx.ForKind.SERIAL) and int(loops[-1].extent) == 512
     for want, got in zip(_run_typed(func, llvm), _run_typed(sch.mod["main"], llvm)):
         np.testing.assert_allclose(got.astype("float32"), want.astype("float32"), rtol=1e-2)
+
+
+def test_a_padding_of_the_channels_stays_a_block_before_a_vectorized_pool(llvm):
+    """Inlined into the pool, a padding tested on the channel would test each lane (TVM then
+    makes the vector loop scalar): it is written out first; a padding of the rows and columns
+    alone is read in place (the test above)."""
+    from tvm import te, topi
+
+    x = te.placeholder((1, 30, 30, 24), "float32", name="x")
+    lowest = tirx.min_value("float32")
+    padded = topi.nn.pad(x, [0, 1, 1, 0], [0, 1, 1, 8], pad_value=lowest, name="channel_pad")
+    y = topi.nn.pool2d(padded, (3, 3), (2, 2), (1, 1), (0, 0, 0, 0), "max", layout="NHWC")
+    func = te.create_prim_func([x, y]).with_attr("global_symbol", "main")
+    sch = ParallelSpatialLLVM(min_elements=1024).apply(func, llvm, False)
+    assert sch is not None
+    s = s_tir.Schedule(sch.mod["main"])
+    names = [s.get(b).name_hint for b in s.get_child_blocks(s.get_sblock("root"))]
+    assert "channel_pad" in names, names
+    for want, got in zip(_run_typed(func, llvm), _run_typed(sch.mod["main"], llvm)):
+        np.testing.assert_array_equal(got, want)

@@ -143,6 +143,7 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         ApplyScheduleRules,
         BindUnboundGPUBlocks,
         ExpandIntegerPower,
+        InfiniteExtremeIdentity,
         PropagateNaN,
     )
 
@@ -177,6 +178,10 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         # blocks the rules left on the host (dlight's Matmul leaves a fused function's other
         # outputs) bound to GPU threads; a kernel that cannot be bound is refused by name
         passes.append(BindUnboundGPUBlocks())
+    if not _is_gpu(target):
+        # a max pool / reduction over -inf returns -inf, not the lowest finite value (after
+        # the schedules: rfactor and GPU reductions recognise max by its finite start)
+        passes.append(InfiniteExtremeIdentity())
     if options.propagate_nan:
         # float max / min (ReLU, clip, pooling, max reductions) return NaN for NaN, as torch
         passes.append(PropagateNaN(keep_reductions=_is_gpu(target)))

@@ -75,28 +75,37 @@ def map_stmt(
     replace: Replace,
     memo: dict | None = None,
     nested: Callable[[tirx.Stmt], tirx.Stmt] | None = None,
+    on_store: Callable[[tirx.BufferStore], tirx.Stmt | None] | None = None,
 ) -> tirx.Stmt:
     """``s`` with :func:`map_expr` applied to the values it stores, tests and evaluates.
 
     Nested blocks (and statements this function does not know) go to ``nested`` when given,
-    else are left as they are.
+    else are left as they are. ``on_store(store)``, when given, replaces a whole store first
+    (``None``: map its value as usual).
     """
     memo = {} if memo is None else memo
     if isinstance(s, tirx.BufferStore):
+        new = on_store(s) if on_store is not None else None
+        if new is not None:
+            return new
         value = map_expr(s.value, replace, memo)
         return s if value.same_as(s.value) else tirx.BufferStore(s.buffer, value, s.indices)
     if isinstance(s, tirx.SeqStmt):
-        seq = [map_stmt(x, replace, memo, nested) for x in s.seq]
+        seq = [map_stmt(x, replace, memo, nested, on_store) for x in s.seq]
         return s if all(x.same_as(y) for x, y in zip(seq, s.seq)) else tirx.SeqStmt(seq)
     if isinstance(s, tirx.IfThenElse):
         cond = map_expr(s.condition, replace, memo)
-        then = map_stmt(s.then_case, replace, memo, nested)
-        other = map_stmt(s.else_case, replace, memo, nested) if s.else_case is not None else None
+        then = map_stmt(s.then_case, replace, memo, nested, on_store)
+        other = (
+            map_stmt(s.else_case, replace, memo, nested, on_store)
+            if s.else_case is not None
+            else None
+        )
         same = cond.same_as(s.condition) and then.same_as(s.then_case)
         same = same and (other is None or other.same_as(s.else_case))
         return s if same else tirx.IfThenElse(cond, then, other)
     if isinstance(s, tirx.For):
-        body = map_stmt(s.body, replace, memo, nested)
+        body = map_stmt(s.body, replace, memo, nested, on_store)
         if body.same_as(s.body):
             return s
         return tirx.For(
@@ -109,7 +118,7 @@ def map_stmt(
         value = map_expr(s.value, replace, memo)
         return s if value.same_as(s.value) else tirx.Evaluate(value)
     if isinstance(s, tirx.AttrStmt):
-        body = map_stmt(s.body, replace, memo, nested)
+        body = map_stmt(s.body, replace, memo, nested, on_store)
         return s if body.same_as(s.body) else tirx.AttrStmt(s.node, s.attr_key, s.value, body)
     return nested(s) if nested is not None else s  # nested blocks and the rest
 
@@ -130,6 +139,25 @@ def map_blocks(s: tirx.Stmt, replace: Replace, keep: BlockFilter | None = None) 
             body = visit(block.body)
             return block if body.same_as(block.body) else rebuilt_block(block, body=body)
         return _mapped_block(block, replace, memo, visit)
+
+    return _map_block_tree(s, on_block)
+
+
+def map_block_stores(
+    s: tirx.Stmt, on_store: Callable[[tirx.BufferStore], tirx.Stmt | None]
+) -> tirx.Stmt:
+    """``s`` (a PrimFunc body) with every store of every block body and init replaced by
+    ``on_store(store)`` (``None``: kept)."""
+    memo: dict = {}
+
+    def on_block(block: object, visit: Callable) -> object:
+        body = map_stmt(block.body, _unchanged, memo, visit, on_store)
+        init = block.init
+        if init is not None:
+            init = map_stmt(init, _unchanged, memo, visit, on_store)
+        if body.same_as(block.body) and (init is None or init.same_as(block.init)):
+            return block
+        return rebuilt_block(block, body=body, init=init)
 
     return _map_block_tree(s, on_block)
 

@@ -106,6 +106,20 @@ def has_load(expr: tvm.ir.Expr) -> bool:
     return any(isinstance(n, Load) for n in nodes(expr))
 
 
+def if_then_else(expr: object) -> tuple | None:
+    """``(condition, then, otherwise)`` of a ``T.if_then_else`` call, else None."""
+    if (
+        isinstance(expr, tvm.ir.Call)
+        and isinstance(expr.op, tvm.ir.Op)
+        and expr.op.same_as(_IF_THEN_ELSE)
+    ):
+        return tuple(expr.args)
+    return None
+
+
+_IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
+
+
 def gathers(expr: tvm.ir.Expr) -> bool:
     """Whether a load in ``expr`` has an index that reads memory (``a[i[v]]``)."""
     return any(isinstance(n, Load) and any(has_load(i) for i in n.indices) for n in nodes(expr))
