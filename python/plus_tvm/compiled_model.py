@@ -63,6 +63,7 @@ from .tvm_libs import compiler_available
 FORMAT = "plus_tvm.compiled/3"  # 3: the executable carries its signature
 _READABLE_FORMATS = (FORMAT,)
 _ALIGNMENT = 64  # bytes: what TVM's kernels assume of a buffer (tvm.runtime.from_dlpack checks)
+_DLPACK_CUDA = 2  # kDLCUDA
 
 
 @dataclass(frozen=True)
@@ -279,11 +280,16 @@ class CompiledModel:
             where = f"cannot place the inputs on {self.device}"
             raise InputError(f"{where}: {_last_line(err)}") from None
 
-    def _input_tensor(self, array: np.ndarray) -> tvm.runtime.Tensor:
+    def _input_tensor(self, array: object) -> tvm.runtime.Tensor:
         """An input on the device. On the CPU a writable C-ordered array aligned as TVM's
         kernels need (a torch tensor's own storage, a large numpy array) is passed as it is, by
         DLPack: no copy (a decode step's past keys and values would otherwise be copied at
-        every step); anything else is copied."""
+        every step); so is a torch tensor already on the model's GPU (no round trip through
+        the host); anything else is copied."""
+        if not isinstance(array, np.ndarray):  # a torch tensor on an accelerator
+            if self._on_this_device(array):
+                return tvm.runtime.from_dlpack(array)
+            array = as_numpy(array)  # another device: through the host
         if (
             self._cpu
             and array.size
@@ -296,6 +302,16 @@ class CompiledModel:
             except (BufferError, *TVM_REFUSAL):  # a dtype DLPack has no code for (bfloat16)
                 pass
         return tvm.runtime.tensor(array, self.device)
+
+    def _on_this_device(self, tensor: object) -> bool:
+        """Whether a torch tensor lives on this model's (non-CPU) device."""
+        dev = tensor.device
+        return (
+            not self._cpu
+            and dev.type == "cuda"
+            and self.device.dlpack_device_type() == _DLPACK_CUDA
+            and (dev.index or 0) == self.device.index
+        )
 
     def run_prepared(self, prepared: list) -> object:
         """Run on inputs from :meth:`prepare`; returns TVM tensors (synchronised)."""
@@ -468,8 +484,9 @@ class CompiledModel:
             held = list(self._weights) + list(self._device_weights or [])
         return dict(_buffer(w) for w in held)
 
-    def check_inputs(self, inputs: tuple) -> list[np.ndarray]:
-        """Validate inputs against the model signature; returns them as numpy arrays."""
+    def check_inputs(self, inputs: tuple) -> list:
+        """Validate inputs against the model signature; returns them as numpy arrays (a torch
+        tensor on an accelerator stays a torch tensor there)."""
         return check_inputs(self.inputs, inputs)
 
     # ------------------------------------------------------------------------------ saving

@@ -10,6 +10,7 @@ fills it in from the IRModule (:func:`plus_tvm.compiler.input_specs`,
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,26 +87,42 @@ class InputSpec:
 _ANY_DTYPE = frozenset(("None", "void", ""))  # an input whose dtype the model leaves open
 
 
-def check_inputs(specs: list[InputSpec], inputs: tuple) -> list[np.ndarray]:
-    """Validate ``inputs`` against ``specs``; returns them as C-ordered numpy arrays."""
+def check_inputs(specs: list[InputSpec], inputs: tuple) -> list:
+    """Validate ``inputs`` against ``specs``; returns them as C-ordered numpy arrays, except
+    a torch tensor on an accelerator, which stays where it is (contiguous): a CUDA model takes
+    it without a round trip through the host."""
     if len(inputs) != len(specs):
         names = ", ".join(s.name for s in specs)
         raise InputError(f"model takes {len(specs)} input(s) ({names}), got {len(inputs)}")
     arrays = []
     bound: dict[str, int] = {}
     for spec, value in zip(specs, inputs):
+        on_device = is_device_tensor(value)
         try:
-            arr = as_numpy(value)
+            arr = value.detach() if on_device else as_numpy(value)
         except (TypeError, ValueError, RuntimeError) as err:
             raise InputError(f"input {spec.name}: not an array ({err})") from None
-        if spec.dtype not in _ANY_DTYPE and str(arr.dtype) != spec.dtype:
-            raise InputError(f"input {spec.name}: expected dtype {spec.dtype}, got {arr.dtype}")
+        dtype = dtype_name(arr)
+        if spec.dtype not in _ANY_DTYPE and dtype != spec.dtype:
+            raise InputError(f"input {spec.name}: expected dtype {spec.dtype}, got {dtype}")
         if spec.shape is not None:
             _check_shape(spec, arr, bound)
-        if spec.index_range is not None and arr.size:
+        if spec.index_range is not None and math.prod(arr.shape):
             _check_range(spec, arr)
-        arrays.append(np.asarray(arr, order="C"))  # (keeps 0-d arrays 0-d)
+        # (np.asarray keeps 0-d arrays 0-d)
+        arrays.append(arr.contiguous() if on_device else np.asarray(arr, order="C"))
     return arrays
+
+
+def is_device_tensor(value: object) -> bool:
+    """A torch tensor that is not in host memory (CUDA, or torch's shape-only ``meta``)."""
+    device = getattr(value, "device", None)
+    return hasattr(value, "detach") and getattr(device, "type", "cpu") != "cpu"
+
+
+def dtype_name(arr: object) -> str:
+    """The element type's name, numpy's or torch's (``float32``, ``bfloat16``, ``int64``)."""
+    return str(arr.dtype).removeprefix("torch.")
 
 
 def as_numpy(value: object) -> np.ndarray:
@@ -151,11 +168,12 @@ def _check_shape(spec: InputSpec, arr: np.ndarray, bound: dict[str, int]) -> Non
                 )
 
 
-def _check_range(spec: InputSpec, arr: np.ndarray) -> None:
+def _check_range(spec: InputSpec, arr: object) -> None:
     rng = spec.index_range
-    low, high = arr.min(), arr.max()
+    low, high = int(arr.min()), int(arr.max())  # (on a device tensor: there, then one sync)
     if low >= rng.low and high <= rng.high:
         return
+    arr = as_numpy(arr)  # an error: where, read on the host
     bad = low if low < rng.low else high
     where = tuple(int(i) for i in np.argwhere(arr == bad)[0])
     raise InputError(
