@@ -428,6 +428,18 @@ def onednn_usable(*tensors: torch.Tensor) -> bool:
     )
 
 
+def widened_float16(x: torch.Tensor) -> bool:
+    """A float16 call on a CPU without float16 GEMM instructions: it computes in float32 on
+    oneDNN (weights widened and packed once) and rounds to float16 once, at the end; torch's
+    float16 GEMM there is 4.5x slower than float32 (128x768x3072 and back, 2 cores)."""
+    return (
+        x.dtype == torch.float16
+        and x.device.type == "cpu"
+        and torch.float32 in onednn_dtypes()
+        and "float16" not in cpu_dtypes()
+    )
+
+
 def check_last_axis(kernel: str, axis: int, ndim: int) -> None:
     """Reject a row kernel's ``axis`` other than the last one, naming the kernel."""
     if axis not in (-1, ndim - 1):

@@ -12,8 +12,10 @@ packed once (keyed by every part, see ``PrepackCache.get_joined``). No residual 
 
 CPU fp32 runs oneDNN's ``_linear_pointwise`` on a weight reordered once into its blocked layout
 (about 2.5x MKL's ``F.linear`` at BERT shapes), with the activation or the residual add fused
-as a post-op. Other dtypes and devices use ``addmm``/``mm`` writing straight into ``out``
-(cuBLAS, with ``_addmm_activation``'s cuBLASLt epilogue for relu/gelu_tanh on CUDA).
+as a post-op. CPU float16 without float16 GEMM instructions computes the same way in float32
+(weights widened once), rounded once at the end. Other dtypes and devices use ``addmm``/``mm``
+writing straight into ``out`` (cuBLAS, with ``_addmm_activation``'s cuBLASLt epilogue for
+relu/gelu_tanh on CUDA).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ._common import (
     flag,
     integer,
     onednn_usable,
+    widened_float16,
     write_out,
 )
 from ._torch import torch
@@ -230,6 +233,9 @@ class Linear(LibraryKernel):
 
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         x, weights, biases, residual = self._split(cfg, inputs)
+        if widened_float16(x) and 2.0 * x.numel() * out.shape[-1] >= ONEDNN_MIN_FLOPS:
+            self._run_widened(cfg, x, weights, biases, residual, out)
+            return
         onednn = use_onednn(x, weights[0], out)
         if cfg.parts == 1:
             w, layout = weights[0], cfg.w
@@ -245,3 +251,21 @@ class Linear(LibraryKernel):
                 write_out(out, onednn_apply(x, w, bias, residual, cfg.act))
                 return
         generic_linear(x, w, layout, bias, residual, cfg.act, out)
+
+    def _run_widened(self, cfg, x, weights, biases, residual, out) -> None:  # noqa: ANN001
+        """float16 computed in float32 (:func:`widened_float16`): the weights (every part,
+        as one ``[N, K]``) widened and packed once by the cache, the rest widened per call."""
+        rows = x.numel() // max(x.shape[-1], 1)
+
+        def nk_float(ws: Sequence[torch.Tensor]) -> torch.Tensor:
+            return torch.cat([w if cfg.w == "nk" else w.t() for w in ws]).float().contiguous()
+
+        def pack(ws: Sequence[torch.Tensor]) -> torch.Tensor:
+            return torch.ops.mkldnn._reorder_linear_weight(nk_float(ws), rows)
+
+        w = self.cache.get_joined(weights, ("linear-float32", cfg.w), pack) if cfg.prepack else None
+        if w is None:
+            w = nk_float(weights)
+        bias = torch.cat(biases).float() if biases else None
+        wide = None if residual is None else residual.float()
+        write_out(out, onednn_apply(x.float(), w, bias, wide, cfg.act))
