@@ -157,3 +157,12 @@ def test_a_product_of_boolean_tensors_compiles_as_a_logical_and():
     cm = plus_tvm.compile(Finite().eval(), example_args=(x, y))
     for got, want in zip(cm(x, y), Finite()(x, y)):
         assert got.dtype == torch.bool and torch.equal(got, want)
+
+
+def test_a_fallback_in_reduced_precision_returns_the_compiled_dtype():
+    options = plus_tvm.Options(precision="bf16")
+    cm = plus_tvm.compile(SignBranch().eval(), example_args=(torch.ones(3),), options=options)
+    want = cm(torch.ones(3)).dtype
+    with pytest.warns(RuntimeWarning, match="runs in torch eager"):
+        got = cm(-torch.ones(3))
+    assert got.dtype == want and torch.equal(got.float(), torch.full((3,), -2.0))

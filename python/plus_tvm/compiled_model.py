@@ -266,7 +266,7 @@ class CompiledModel:
         if self._guards is not None:  # (a speculated branch that went another way: torch eager)
             leaves, missed = self._guards.split(leaves)
             if missed:
-                eager = self._guards.rerun(missed, inputs)
+                eager = self._guards.rerun(missed, inputs, leaves)
                 return eager if torch_in else [_to_numpy(t.cpu()) for t in eager]
         return [convert(leaf) for leaf in leaves]
 

@@ -80,8 +80,10 @@ class Guards:
         missed = [b for b, g in zip(self.branches, guards) if _truth(g) != b.taken]
         return own, missed
 
-    def rerun(self, missed: list[Branch], inputs: list) -> list:
-        """The call's outputs from torch eager (torch tensors), or the error naming the branch."""
+    def rerun(self, missed: list[Branch], inputs: list, own: list) -> list:
+        """The call's outputs from torch eager (torch tensors, in the dtypes of the compiled
+        outputs ``own``: a model compiled in reduced precision), or the error naming the
+        branch."""
         first = missed[0]
         what = f"the branch at {first.describe()} went another way: {first.differs()}"
         if self.fallback is None:
@@ -103,9 +105,25 @@ class Guards:
 
         tensors = [torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x for x in inputs]
         with torch.no_grad():
-            return self.fallback(tensors)
+            eager = self.fallback(tensors)
+        if len(eager) != len(own):
+            raise BranchSpeculationError(
+                f"{what}; torch eager returned {len(eager)} outputs for the compiled model's "
+                f"{len(own)}"
+            )
+        return [_like(t, o) for t, o in zip(eager, own)]
 
 
 def _truth(leaf: object) -> bool:
     value = leaf.numpy() if hasattr(leaf, "numpy") else leaf
     return bool(value)
+
+
+def _like(tensor: object, compiled: object) -> object:
+    """``tensor`` (torch eager's) in the dtype of the compiled output it stands for."""
+    import torch
+
+    dtype = getattr(torch, str(getattr(compiled, "dtype", "")), None)
+    if isinstance(tensor, torch.Tensor) and isinstance(dtype, torch.dtype):
+        return tensor.to(dtype)
+    return tensor
