@@ -176,6 +176,6 @@ def test_profile_table_has_a_summary_row_and_top_kernels_per_run():
     assert "| 2.5 | 0.051 | 0.018 | 1.0 | 20.0 | 0.040 | - | - |" in auto
     assert "| x | E |" in text
     assert (
-        "| m fp32 b1 eager | `at::native::(anonymous namespace)::vectorized_layer_norm_kernel<"
+        "| m fp32 b1 eager | `at::native::vectorized_layer_norm_kernel<"
         "float, float>` | norm | 1 | 0.0030 |" in text
     )

@@ -226,18 +226,16 @@ def kernel_events(
 
 
 def _short(name: str, width: int = 72) -> str:
-    """A kernel name for a table cell: C++ ``void`` and arguments dropped, cut to ``width``,
-    pipes escaped."""
-    name = re.sub(r"^void ", "", name)
-    if "(" in name and not name.startswith(("Memcpy", "Memset")):
-        depth, cut = 0, len(name)
-        for i, ch in enumerate(name):  # the argument list: the first '(' outside <...>
-            depth += ch == "<"
-            depth -= ch == ">"
-            if ch == "(" and depth <= 0:
-                cut = i
+    """A kernel name for a table cell: C++'s ``void``, ``(anonymous namespace)::`` and the
+    trailing argument list dropped, cut to ``width``, pipes escaped."""
+    name = re.sub(r"^void ", "", name).replace("(anonymous namespace)::", "")
+    if name.endswith(")") and not name.startswith(("Memcpy", "Memset")):
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):  # the '(' that the last ')' closes
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i]
                 break
-        name = name[:cut]
     if len(name) > width:
         name = name[: width - 3] + "..."
     return name.replace("|", "\\|")
