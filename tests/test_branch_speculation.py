@@ -166,3 +166,13 @@ def test_a_fallback_in_reduced_precision_returns_the_compiled_dtype():
     with pytest.warns(RuntimeWarning, match="runs in torch eager"):
         got = cm(-torch.ones(3))
     assert got.dtype == want and torch.equal(got.float(), torch.full((3,), -2.0))
+
+
+@pytest.mark.filterwarnings("ignore:the branch at:RuntimeWarning")
+def test_a_speculated_branch_under_a_dynamic_dimension():
+    model = ClampIfOverflow().eval()
+    rows = torch.export.Dim("rows", min=2, max=64)
+    cm = plus_tvm.compile(model, example_args=(torch.randn(4, 8),), dynamic_shapes={"x": {0: rows}})
+    for x in (torch.randn(2, 8), torch.randn(9, 8), torch.full((5, 8), 1e37)):
+        assert torch.equal(cm(x), model(x))
+    assert cm.stats["speculation_fallbacks"] == 1

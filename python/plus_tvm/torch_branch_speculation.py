@@ -91,8 +91,8 @@ def export_speculating(
             program = run(wrapper, args, kwargs)
             break
         except Exception as err:  # noqa: BLE001 - the user's forward runs here
-            if items == "all" or not _data_dependent(err):
-                raise
+            if items == "all" or not recorder.numbers or not _data_dependent(err):
+                raise  # (no .item() of a number to speculate on either)
     branches = found[-1]
     user_spec = program.call_spec.out_spec.children_specs[0]
     in_spec = program.call_spec.in_spec
@@ -184,11 +184,13 @@ class _Recorder(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.seen: dict[tuple[str, str], list] = {}
+        self.numbers = False  # whether an .item() of a non-boolean tensor was asked
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if _asks_value(func, args, "all"):
             self.seen.setdefault(_site(), []).append(out)
+            self.numbers = self.numbers or not _asks_value(func, args, "bool")
         return out
 
 
