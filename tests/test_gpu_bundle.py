@@ -148,3 +148,58 @@ def test_variants_are_timed_in_rounds_in_turn():
     late = {"a": {"median_ms": 2.0}}
     _more_rounds(late, {"a": lambda: None}, argparse.Namespace(rounds=3, runs=2, deadline=0.0))
     assert late["a"]["round_ms"] == [2.0] and late["a"]["median_ms"] == 2.0  # no time left
+
+
+def test_batches_compile_each_model_at_each_batch(tmp_path, monkeypatch):
+    """``--batches 1,2``: each model at each batch, batch 1 where format 2 had it (a bundle
+    without batches reads as batch 1), larger batches in their own folders, their inputs drawn
+    again on the GPU side from the seeds the manifest names (rows from their own seeds)."""
+    monkeypatch.setattr(gpu_bundle, "_pack_runtime", os.makedirs)  # (tested with `built`)
+
+    def in_process(cmd, result, variants):  # the child's command line, run here (faster)
+        assert cmd[1:3] == ["-m", "plus_tvm.gpu.bundle"]
+        assert gpu_bundle._child_main(cmd[3:]) == 0
+        return json.load(open(result))
+
+    monkeypatch.setattr(gpu_bundle, "run_child", in_process)
+    out = str(tmp_path / "bundle")
+    manifest = gpu_bundle.build_bundle(
+        out, ["bert-base-tiny"], ["plus-off"], log=lambda m: None, batches=[1, 2]
+    )
+    saved = json.load(open(os.path.join(out, "manifest.json")))
+    assert saved["batches"] == [1, 2] and manifest["bytes"] <= gpu_bundle.LIMIT_BYTES
+    units = saved["models"]["bert-base-tiny"]["dtypes"]
+    assert list(units) == ["fp32", "fp32 b2"]
+    assert (
+        gpu_bundle.split_label("fp32 b2")
+        == ("fp32", 2)
+        == (
+            units["fp32 b2"]["dtype"],
+            units["fp32 b2"]["batch"],
+        )
+    )
+    assert gpu_bundle.split_label("bf16") == ("bf16", 1)
+    one, two = (units[k]["variants"]["plus-off"] for k in ("fp32", "fp32 b2"))
+    assert "error" not in two, two.get("error")
+    assert one["library"].endswith("bert-base-tiny/fp32/plus-off.so")
+    assert two["library"].endswith("bert-base-tiny/b2/fp32/plus-off.so")
+    shapes = [
+        json.load(open(os.path.join(out, v["library"] + ".json")))["inputs"] for v in (one, two)
+    ]
+    assert [i["shape"] for i in shapes[0]] == [[1, 16]] and [i["shape"] for i in shapes[1]] == [
+        [2, 16]
+    ]
+    entry = gpu_bundle.zoo.get("bert-base-tiny")
+    rows = gpu_bundle.batch_inputs(entry, units["fp32 b2"]["input_seeds"][0], 2)[0]
+    assert rows.shape == (2, 16) and not (rows[0] == rows[1]).all()
+    assert (rows[0] == entry.example_inputs(gpu_bundle.INPUT_SEEDS[0])[0][0]).all()
+    assert not os.path.exists(os.path.join(out, "models", "bert-base-tiny", "inputs_b2.npz"))
+
+
+def test_bad_batches_fail_before_any_work(tmp_path):
+    for batches in ([], [0], [1, 1], [-4]):
+        with pytest.raises(gpu_bundle.PlusError, match="batches"):
+            gpu_bundle.build_bundle(
+                str(tmp_path / "x"), ["bert-base-tiny"], ["plus-off"], batches=batches
+            )
+    assert not os.path.exists(tmp_path / "x")

@@ -183,11 +183,11 @@ def test_the_table_has_a_row_per_model_and_dtype():
     lines = check.table(results).splitlines()
     assert len({ln.count("|") for ln in lines}) == 1  # header, rule and rows line up
     bf16, fp16, failed = lines[2:]
-    assert bf16.startswith("| m | bf16 | - | - | 1.000 |")
+    assert bf16.startswith("| m | bf16 | 1 | - | - | 1.000 |")
     # auto vs torch eager, vs compile (not timed), vs compile ro; plus's error and torch's own
     assert "| 2.00x | - | 1.10x | 4.0e-03 | 5.0e-03 | - | yes | - |" in bf16
     assert "| 4.00x | - | 0.80x | 6.0e-04 | 5.0e-04 | - | yes | - |" in fp16
-    assert failed.startswith("| n | - | RuntimeError: no weights |")
+    assert failed.startswith("| n | - | - | RuntimeError: no weights |")
     assert check.plus_failures(results) == ["n -"]
     results["models"]["m"]["dtypes"]["fp16"]["variants"]["plus-auto"]["correct"] = False
     assert check.plus_failures(results) == ["m fp16", "n -"]

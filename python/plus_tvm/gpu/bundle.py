@@ -3,17 +3,21 @@
 The GPU machine this project is lent at times has torch (CUDA) but no apache-tvm, and a call to
 it carries at most 64 MiB. :func:`build_bundle` (on the CPU machine) compiles zoo models for
 ``cuda`` (sm_90 by default) in several variants (plus with ``cuda_graph=off`` / ``always`` /
-``auto``, TVM's default CUDA pipeline) and dtypes (``fp32``; ``bf16`` / ``fp16``: the model
-as ``model.to(dtype)``, floating inputs in that dtype, integer inputs unchanged) and writes one
-folder:
+``auto``, TVM's default CUDA pipeline), dtypes (``fp32``; ``bf16`` / ``fp16``: the model
+as ``model.to(dtype)``, floating inputs in that dtype, integer inputs unchanged) and batch
+sizes (the zoo's batch-1 inputs stacked: :func:`batch_inputs`) and writes one folder:
 
-- ``manifest.json``: the bundle's models, and per model and dtype its variants, compile
-  figures, and per variant the argument shapes of every TIR kernel (``gpu_check --kernels``
-  times them one by one); versions;
-- ``models/NAME/DTYPE/VARIANT.so`` (+ ``.json``, ``.params``): each exported with
-  ``weights="external"``, so the weights come from the torch model rebuilt on the GPU side
-  (:func:`plus_tvm.load` with ``weights=``) and only derived constants travel;
-- ``models/NAME/inputs.npz``: three input sets in float32 (cast to the dtype on both sides);
+- ``manifest.json``: the bundle's models, and per model and unit (a dtype at a batch, keyed
+  :func:`unit_label`: ``fp32`` at batch 1 as in format 2, ``fp32 b16`` at batch 16) its
+  variants, compile figures, and per variant the argument shapes of every TIR kernel
+  (``gpu_check --kernels`` times them one by one); versions;
+- ``models/NAME/DTYPE/VARIANT.so`` (batch 1; ``models/NAME/bB/DTYPE/`` at batch B) (+
+  ``.json``, ``.params``): each exported with ``weights="external"``, so the weights come from
+  the torch model rebuilt on the GPU side (:func:`plus_tvm.load` with ``weights=``) and only
+  derived constants travel (a second batch doubles the libraries, not the weights);
+- ``models/NAME/inputs.npz``: three batch-1 input sets in float32 (cast to the dtype on both
+  sides); the sets of larger batches are drawn again on the GPU side from their seeds
+  (:func:`batch_inputs`; 16 images of 224 x 224 are 9.6 MB a set);
   ``models/NAME/state.pt``: the float32 torch state dict where it is small (tiny models), else
   a fingerprint of it, which the GPU side checks after rebuilding the model from the same seed
   (BatchNorm statistics are baked into the code), before it converts the model to each dtype;
@@ -50,6 +54,7 @@ INPUT_SEEDS = (11, 12, 13)
 DTYPES = ("fp32", "bf16", "fp16")  # accuracy.DTYPE_NAMES: torch.float32 / bfloat16 / float16
 WEIGHT_SEED = 0
 GPU_PYTHON = "3.12"  # the GPU machine's python3 (device KINDS.md)
+ROW_SEED_STRIDE = 1000  # row k of a batch drawn with seed + k * stride (row 0: the batch-1 set)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,33 @@ VARIANTS = {
     "tvm": Variant("tvm", "tvm", None),
 }
 DEFAULT_VARIANTS = ("plus-off", "plus-always", "plus-auto", "tvm")
+
+
+def batch_inputs(entry: zoo.ZooEntry, seed: int, batch: int) -> list:
+    """``entry``'s example inputs at ``batch``: row k is its batch-1 example drawn with seed
+    ``seed + k * ROW_SEED_STRIDE`` (so row 0 is the batch-1 set, and rows differ: a kernel
+    that mixes rows is caught), stacked along dimension 0."""
+    if batch < 1:
+        raise PlusError(f"batch {batch}: give a positive batch size")
+    rows = [entry.example_inputs(seed + k * ROW_SEED_STRIDE) for k in range(batch)]
+    return [torch.cat(parts) for parts in zip(*rows)]
+
+
+def unit_label(dtype: str, batch: int) -> str:
+    """The key of a dtype at a batch in the manifest and in gpu_check's results: ``fp32`` at
+    batch 1 (as bundles of format 2), ``fp32 b16`` at batch 16."""
+    return dtype if batch == 1 else f"{dtype} b{batch}"
+
+
+def split_label(label: str) -> tuple[str, int]:
+    """``(dtype, batch)`` of a :func:`unit_label`."""
+    dtype, _, batch = label.partition(" b")
+    return dtype, int(batch) if batch else 1
+
+
+def _unit_folder(out: str, name: str, dtype: str, batch: int) -> str:
+    base = os.path.join(out, "models", name)
+    return os.path.join(base, dtype) if batch == 1 else os.path.join(base, f"b{batch}", dtype)
 
 
 def fingerprint(state: dict) -> dict[str, list[float]]:
@@ -111,11 +143,13 @@ def build_bundle(
     log: object = print,
     dtypes: Sequence[str] = ("fp32",),
     isolate: bool = True,
+    batches: Sequence[int] = (1,),
 ) -> dict:
-    """Compile ``models`` for CUDA ``arch`` in ``variants`` and ``dtypes`` (of :data:`DTYPES`)
-    and pack them into ``out``. A variant that fails to compile is recorded with its error (the
-    GPU side reports it); with ``isolate`` each model and dtype compiles in a child process, so
-    that a crash of the compiler (a segfault in TVM) is recorded the same way."""
+    """Compile ``models`` for CUDA ``arch`` in ``variants``, ``dtypes`` (of :data:`DTYPES`)
+    and ``batches`` and pack them into ``out``. A variant that fails to compile is recorded
+    with its error (the GPU side reports it); with ``isolate`` each model, dtype and batch
+    compiles in a child process, so that a crash of the compiler (a segfault in TVM) is
+    recorded the same way."""
     from ..compiler import compile as plus_compile  # needs TVM's compiler library
 
     unknown = [v for v in variants if v not in VARIANTS]
@@ -124,6 +158,12 @@ def build_bundle(
     bad = [d for d in dtypes if d not in DTYPES]
     if bad or not dtypes or len(set(dtypes)) != len(dtypes):
         raise PlusError(f"dtypes {list(dtypes)}: give each once, of {', '.join(DTYPES)}")
+    if (
+        not batches
+        or len(set(batches)) != len(batches)
+        or not all(isinstance(b, int) and b >= 1 for b in batches)
+    ):
+        raise PlusError(f"batches {list(batches)}: give each positive batch size once")
     for name in models:
         zoo.get(name)  # unknown names fail before any work
     if os.path.exists(out):
@@ -136,6 +176,7 @@ def build_bundle(
         "target": target,
         "versions": _versions(),
         "dtypes": list(dtypes),
+        "batches": list(batches),
         "models": {},
     }
     for name in models:
@@ -163,14 +204,28 @@ def build_bundle(
         if sum(t.numel() * t.element_size() for t in state.values()) <= STATE_LIMIT_BYTES:
             torch.save(state, os.path.join(folder, "state.pt"))
             record["state"] = "state.pt"
-        for dtype in dtypes:
-            if isolate:
-                done = _compile_in_child(name, dtype, variants, arch, out, log)
-            else:
-                done = _compile_variants(
-                    plus_compile, name, dtype, model, example, variants, target, out, log
-                )
-            record["dtypes"][dtype] = {"variants": done}
+        for batch in batches:
+            at_batch = example if batch == 1 else batch_inputs(entry, WEIGHT_SEED, batch)
+            for dtype in dtypes:
+                if isolate:
+                    done = _compile_in_child(name, dtype, variants, arch, out, log, batch)
+                else:
+                    done = _compile_variants(
+                        plus_compile,
+                        name,
+                        dtype,
+                        model,
+                        at_batch,
+                        variants,
+                        target,
+                        out,
+                        log,
+                        batch,
+                    )
+                unit: dict = {"variants": done, "dtype": dtype, "batch": batch}
+                if batch != 1:  # drawn again on the GPU side (batch_inputs)
+                    unit["input_seeds"] = list(INPUT_SEEDS)
+                record["dtypes"][unit_label(dtype, batch)] = unit
         manifest["models"][name] = record
     _pack_runtime(os.path.join(out, "runtime"))
     with open(os.path.join(out, "manifest.json"), "w") as f:
@@ -196,11 +251,14 @@ def _compile_variants(
     target: dict,
     out: str,
     log: object,
+    batch: int = 1,
 ) -> dict:
-    """Compile and export ``model`` in ``dtype`` in each of ``variants``: their records."""
+    """Compile and export ``model`` in ``dtype`` (``example``: inputs at ``batch``) in each
+    of ``variants``: their records."""
     model, example = in_dtype(model, example, dtype)
-    folder = os.path.join(out, "models", name, dtype)
+    folder = _unit_folder(out, name, dtype, batch)
     os.makedirs(folder)
+    label = unit_label(dtype, batch)
     records = {}
     for vname in variants:
         variant = VARIANTS[vname]
@@ -214,7 +272,7 @@ def _compile_variants(
                 "error": f"{type(err).__name__}: {err}",
                 "compile_s": round(time.perf_counter() - start, 2),
             }
-            log(f"[gpu_bundle] {name} {dtype} {vname}: FAILED {records[vname]['error']}")
+            log(f"[gpu_bundle] {name} {label} {vname}: FAILED {records[vname]['error']}")
             continue
         lib = os.path.join(folder, f"{vname}.so")
         compiled.export_library(lib, weights="external")
@@ -227,23 +285,29 @@ def _compile_variants(
             # what gpu_check --kernels times kernel by kernel (kernel_timing)
             "kernel_signatures": _kernel_signatures(model, example, target, variant),
         }
-        log(f"[gpu_bundle] {name} {dtype} {vname}: {records[vname]['compile_s']} s")
+        log(f"[gpu_bundle] {name} {label} {vname}: {records[vname]['compile_s']} s")
     return records
 
 
 def _compile_in_child(
-    name: str, dtype: str, variants: Sequence[str], arch: str, out: str, log: object
+    name: str,
+    dtype: str,
+    variants: Sequence[str],
+    arch: str,
+    out: str,
+    log: object,
+    batch: int = 1,
 ) -> dict:
     """:func:`_compile_variants` in a child process (``python -m plus_tvm.gpu.bundle``, which
     rebuilds the model from the same seed); a child that dies records the death per variant."""
-    result = os.path.join(out, "models", name, f".{dtype}.json")
+    result = os.path.join(out, "models", name, f".{dtype}-b{batch}.json")
     cmd = [sys.executable, "-m", "plus_tvm.gpu.bundle", name, dtype, ",".join(variants)]
-    records = run_child([*cmd, arch, out, result], result, variants)
+    records = run_child([*cmd, arch, out, result, str(batch)], result, variants)
     if os.path.exists(result):
         os.remove(result)
     for vname, rec in records.items():
         if "died" in rec.get("error", ""):
-            log(f"[gpu_bundle] {name} {dtype} {vname}: FAILED {rec['error']}")
+            log(f"[gpu_bundle] {name} {unit_label(dtype, batch)} {vname}: FAILED {rec['error']}")
     return records
 
 
@@ -275,13 +339,13 @@ def run_child(cmd: list[str], result: str, variants: Sequence[str]) -> dict:
 
 
 def _child_main(argv: list[str]) -> int:
-    """The child of :func:`_compile_in_child`: NAME DTYPE VARIANTS ARCH OUT RESULT."""
+    """The child of :func:`_compile_in_child`: NAME DTYPE VARIANTS ARCH OUT RESULT BATCH."""
     from ..compiler import compile as plus_compile
 
-    name, dtype, variants, arch, out, result = argv
+    name, dtype, variants, arch, out, result, batch = argv
     entry = zoo.get(name)
     model = entry.build(WEIGHT_SEED)
-    example = entry.example_inputs(WEIGHT_SEED)
+    example = batch_inputs(entry, WEIGHT_SEED, int(batch))
     target = {"kind": "cuda", "arch": arch}
     records = _compile_variants(
         plus_compile,
@@ -293,6 +357,7 @@ def _child_main(argv: list[str]) -> int:
         target,
         out,
         lambda msg: print(msg, file=sys.stderr, flush=True),
+        int(batch),
     )
     with open(result, "w") as f:
         json.dump(records, f)

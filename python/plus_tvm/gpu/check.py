@@ -22,6 +22,17 @@ With ``--kernels a,b`` the TIR kernels of variants ``a`` and ``b`` are also time
 (:mod:`plus_tvm.kernel_timing`, shapes from the manifest) and compared in ``OUT/kernels.md``
 (``plus-always,plus-gir``: GIR's CUDA schedules against dlight's, kernel by kernel).
 
+With ``--profile N`` each plus variant and each peer also runs N inferences (after the
+warm-up) under torch.profiler with CUDA activity, each inference in a ``record_function`` range
+ending in a device synchronisation: every GPU kernel per inference by name, count and time,
+summed by kind, and the busy time and idle gaps (:mod:`plus_tvm.gpu.profile`), under
+``profile`` in the JSON and in ``OUT/profile.md``.
+
+A bundle built with ``--batches`` holds each dtype at each batch size (keyed ``fp32`` at batch
+1, ``fp32 b16`` at 16, :func:`plus_tvm.gpu.bundle.unit_label`); each is checked and timed on
+its own input sets (batch 1 from the bundle, larger batches drawn again from their seeds) and
+is a row of the table (``--batches a,b`` picks batches).
+
 Peers are timed the same way in the same process, in the same dtype: torch eager,
 ``torch.compile`` (default) and ``torch.compile(mode="reduce-overhead")`` (inductor with CUDA
 graphs); each ``torch.compile`` peer is skipped (and said so) when the time budget is spent.
@@ -32,6 +43,7 @@ and dtype). A crash of the process (a kernel's segfault) leaves ``running`` in t
 Usage (on the GPU machine, through the bundle's ``run.sh``)::
 
     python3 -m plus_tvm.gpu.check --bundle DIR --out OUT [--models a,b] [--peers ...]
+        [--profile N] [--batches 1,16]
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ from collections.abc import Callable
 import numpy as np
 
 from plus_tvm import accuracy
+from plus_tvm.gpu.bundle import split_label
 
 REL_TOL = 1e-3  # max |plus - torch| / max |torch|, both in strict float32
 CHECK_ROUNDS = 3  # calls per input set in the check (auto measures over its first 7 calls)
@@ -95,25 +108,40 @@ def _check_model(
     if differ:
         result["weights_differ"] = differ[:5]
     model = model.cuda().eval()
-    data = np.load(os.path.join(folder, "inputs.npz"))
-    sets = [
-        [data[f"set{k}_{i}"] for i in range(record["num_inputs"])]
-        for k in range(record["input_sets"])
-    ]
-    for dtype, entry in bundle_dtypes(record).items():
+    for label, entry in bundle_dtypes(record).items():
+        dtype, batch = split_label(label)
         if args.dtypes and dtype not in args.dtypes:
             continue
-        if dtype in args.skip.get(name, ()):
+        if args.batches and batch not in args.batches:
+            continue
+        if label in args.skip.get(name, ()):
             continue  # (checked before a resumed run)
-        done(dtype, None)  # running: a crash of the process is put down to this dtype
+        done(label, None)  # running: a crash of the process is put down to this unit
         try:
-            res = _check_dtype(name, dtype, model, entry["variants"], sets, bundle, args)
+            sets = _input_sets(name, record, entry, folder, batch)
+            res = _check_dtype(name, label, model, entry["variants"], sets, bundle, args)
         except Exception as err:  # noqa: BLE001 - one dtype failing must not hide the others
             res = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(8)}
-            print(f"[gpu_check] {name} {dtype}: FAILED {err}", flush=True)
-        result["dtypes"][dtype] = res
-        done(dtype, result)
+            print(f"[gpu_check] {name} {label}: FAILED {err}", flush=True)
+        result["dtypes"][label] = {"dtype": dtype, "batch": batch, **res}
+        done(label, result)
     return result
+
+
+def _input_sets(name: str, record: dict, entry: dict, folder: str, batch: int) -> list:
+    """The float32 (token ids: int64) numpy input sets of a unit: at batch 1 the bundle's,
+    at a larger batch drawn again from the seeds the bundle names (:func:`batch_inputs`)."""
+    from plus_tvm import zoo
+    from plus_tvm.gpu.bundle import batch_inputs
+
+    if batch == 1:
+        data = np.load(os.path.join(folder, "inputs.npz"))
+        return [
+            [data[f"set{k}_{i}"] for i in range(record["num_inputs"])]
+            for k in range(record["input_sets"])
+        ]
+    zentry = zoo.get(name)
+    return [[t.numpy() for t in batch_inputs(zentry, s, batch)] for s in entry["input_seeds"]]
 
 
 def resume(results: dict) -> dict[str, set]:
@@ -173,20 +201,22 @@ def _references(
 
 def _check_dtype(
     name: str,
-    dtype: str,
+    label: str,
     model32: object,
     variants: dict,
     sets: list,
     bundle: str,
     args: argparse.Namespace,
 ) -> dict:
-    """Check and time every variant of ``name`` in ``dtype``, then the torch peers in it."""
+    """Check and time every variant of ``name`` in the unit ``label`` (a dtype at a batch;
+    ``sets``: its input sets), then the torch peers in it."""
     import torch
 
     import plus_tvm
     from plus_tvm.gpu.bundle import cast_inputs, in_dtype
     from plus_tvm.runtime import cuda_graph
 
+    dtype, _ = split_label(label)
     cuda32 = [[torch.from_numpy(a).cuda() for a in s] for s in sets]
     cast = [cast_inputs(s, dtype) for s in cuda32]  # (integer inputs unchanged)
     model, _ = in_dtype(model32, [], dtype)
@@ -214,7 +244,7 @@ def _check_dtype(
         cuda_graph.runtime().clear()
         if "error" in variant:  # it did not compile on the CPU machine
             row.update(error=f"compile failed: {variant['error']}", correct=False)
-            print(f"[gpu_check] {name} {dtype} {vname}: {_brief(row)}", flush=True)
+            print(f"[gpu_check] {name} {label} {vname}: {_brief(row)}", flush=True)
             continue
         try:
             start = time.perf_counter()
@@ -257,12 +287,15 @@ def _check_dtype(
                     min_repeat_ms=0,
                 )
             timers[vname] = lambda c=compiled, p=prepared: c.run_prepared(p)
+            if args.profile:
+                tir = set(variant.get("kernel_signatures") or {})
+                row["profile"] = _profile_or_skip(timers[vname], args, tir)
             del compiled, prepared
         except Exception as err:  # noqa: BLE001 - a failing variant is reported, the rest go on
             row["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}"
             row["traceback"] = traceback.format_exc(limit=6)
             row["correct"] = False
-        print(f"[gpu_check] {name} {dtype} {vname}: {_brief(row)}", flush=True)
+        print(f"[gpu_check] {name} {label} {vname}: {_brief(row)}", flush=True)
     _more_rounds(result["variants"], timers, args)
     timers.clear()  # the loaded variants go before the peers are timed
 
@@ -288,10 +321,67 @@ def _check_dtype(
                 row["max_abs_err"] = float(np.abs(got - refs[0]).max()) if got.size else 0.0
                 row["max_rel_err"] = accuracy.rel_err(got, refs[0])
                 row.update(_timed(lambda f=fn: f(*x), sync, args.runs, args.warmup))
+                if args.profile:
+                    row["profile"] = _profile_or_skip(lambda f=fn: f(*x), args)
         except Exception as err:  # noqa: BLE001 - a failing peer is reported, never made up
             row["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}"
-        print(f"[gpu_check] {name} {dtype} {peer}: {_brief(row)}", flush=True)
+        print(f"[gpu_check] {name} {label} {peer}: {_brief(row)}", flush=True)
     return result
+
+
+def profiled(fn: Callable[[], object], inferences: int, warmup: int, tir: set | None) -> dict:
+    """``inferences`` calls of ``fn`` (after ``warmup``) under torch.profiler with CPU and CUDA
+    activity, each in a ``record_function`` range ending in a device synchronisation; their
+    kernels summarised by :func:`plus_tvm.gpu.profile.summarize` (``tir``: the variant's TIR
+    function names)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from plus_tvm.gpu.profile import MARK, kernel_events, summarize
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(inferences):
+            with record_function(MARK):
+                fn()
+                torch.cuda.synchronize()
+    kernels, windows = kernel_events(prof.events())
+    if not kernels:
+        return {"error": "the profiler saw no GPU kernel (no CUDA activity from CUPTI?)"}
+    if len(windows) != inferences:  # without the ranges: one stretch (gaps include the host's)
+        windows_seen, windows = len(windows), None
+    summary = summarize(kernels, inferences, windows, tir)
+    if windows is None:
+        summary["windows_seen"] = windows_seen
+    return summary
+
+
+def _profile_or_skip(fn: Callable[[], object], args: argparse.Namespace, tir=None) -> dict:
+    """:func:`profiled` with ``args.profile`` inferences; skipped when the time budget is spent;
+    a profiler failure is reported in the profile (the run was checked and timed already)."""
+    if time.time() > args.deadline:
+        return {"skipped": "time budget spent"}
+    try:
+        return profiled(fn, args.profile, min(args.warmup, 3), tir)
+    except Exception as err:  # noqa: BLE001 - the profile is extra: the run's result stands
+        return {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}"}
+
+
+def profile_rows(results: dict) -> list[tuple[str, dict]]:
+    """(``model unit runner``, profile with the run's ``wall_ms``) for every profiled plus
+    variant and peer of a gpu_check result, for :func:`plus_tvm.gpu.profile.profile_table`."""
+    rows = []
+    for name, label, res in units(results):
+        for runner, row in {**res.get("variants", {}), **res.get("peers", {})}.items():
+            prof = (row or {}).get("profile")
+            if prof is None:
+                continue
+            if "skipped" in prof:
+                prof = {"error": f"skipped: {prof['skipped']}"}
+            rows.append((f"{name} {label} {runner}", {**prof, "wall_ms": row.get("median_ms")}))
+    return rows
 
 
 def _judge(calls: list, refs: list, torch_errs: list, dtype: str) -> dict:
@@ -364,22 +454,25 @@ def units(results: dict) -> list[tuple[str, str, dict]]:
 
 
 def table(results: dict) -> str:
-    """The markdown table of a gpu_check result, a row per model and dtype: medians (ms),
+    """The markdown table of a gpu_check result, a row per model, dtype and batch: medians (ms),
     ratios, plus's error against the dtype's reference (torch eager in strict fp32; a float64
     run in bf16 / fp16, where torch eager's own error is the next column), the widest spread of
     plus's timing rounds, and whether plus and TVM's own pipeline were correct (TVM's baseline
     is reported, never fixed up)."""
     rows = [
-        "| model | dtype | plus off | plus always | plus auto | plus gir | TVM | torch | compile "
-        "| compile ro | auto vs off | always vs off | gir vs always | auto vs torch "
+        "| model | dtype | batch | plus off | plus always | plus auto | plus gir | TVM | torch "
+        "| compile | compile ro | auto vs off | always vs off | gir vs always | auto vs torch "
         "| auto vs compile | auto vs compile ro | plus max rel err | torch rel err "
         "| round spread | plus correct | TVM correct |",
-        "|---|---|" + "---:|" * 17 + "---|---|",
+        "|---|---|---:|" + "---:|" * 17 + "---|---|",
     ]
-    for name, dtype, res in units(results):
+    for name, label, res in units(results):
+        dtype, batch = split_label(label) if label != "-" else ("-", "-")
         v, p = res.get("variants", {}), res.get("peers", {})
         if not v:
-            rows.append(f"| {name} | {dtype} | {res.get('error', 'no result')} |" + " |" * 18)
+            rows.append(
+                f"| {name} | {dtype} | {batch} | {res.get('error', 'no result')} |" + " |" * 18
+            )
             continue
         ms = {k: (row or {}).get("median_ms") for k, row in {**v, **p}.items()}
         alw, auto = ms.get("plus-always"), ms.get("plus-auto")
@@ -397,7 +490,7 @@ def table(results: dict) -> str:
         cells.append(f"{max(spreads):.1%}" if spreads else "-")
         cells.append(_yes(all(r.get("correct") for r in plus.values())))
         cells.append(_yes(v["tvm"].get("correct")) if "tvm" in v else "-")
-        rows.append(f"| {name} | {dtype} | " + " | ".join(cells) + " |")
+        rows.append(f"| {name} | {dtype} | {batch} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -453,6 +546,19 @@ def main(argv: list[str] | None = None) -> int:
         "--dtypes", default="", help="comma-separated subset of the bundle's dtypes (default: all)"
     )
     parser.add_argument(
+        "--batches", default="", help="comma-separated subset of the bundle's batch sizes"
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        nargs="?",
+        const=20,
+        default=0,
+        metavar="N",
+        help="also profile N inferences (default 20) of every variant and peer under "
+        "torch.profiler: kernels per inference by kind, busy time, idle gaps (OUT/profile.md)",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="go on from OUT/gpu_check.json: skip what it holds, record the model and dtype "
@@ -468,6 +574,14 @@ def main(argv: list[str] | None = None) -> int:
     args.peers = [p for p in args.peers.split(",") if p]
     args.kernels = [v for v in args.kernels.split(",") if v]
     args.dtypes = [d for d in args.dtypes.split(",") if d]
+    try:
+        args.batches = [int(b) for b in args.batches.split(",") if b]
+    except ValueError:
+        print(f"gpu_check: --batches {args.batches!r}: give integers", file=sys.stderr)
+        return 2
+    if args.profile < 0:
+        print("gpu_check: --profile N: give a positive number of inferences", file=sys.stderr)
+        return 2
     bad = [p for p in args.peers if p not in PEERS]
     if bad:
         print(f"gpu_check: unknown peer(s) {bad}; known: {', '.join(PEERS)}", file=sys.stderr)
@@ -554,6 +668,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.kernels) >= 2:
         with open(os.path.join(args.out, "kernels.md"), "w") as f:
             f.write(kernel_table(results, args.kernels[0], args.kernels[1]) + "\n")
+    if args.profile:
+        from plus_tvm.gpu.profile import profile_table
+
+        with open(os.path.join(args.out, "profile.md"), "w") as f:
+            f.write(profile_table(profile_rows(results)) + "\n")
     print(text)
     failed = plus_failures(results)
     if failed:
