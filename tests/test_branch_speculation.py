@@ -176,3 +176,12 @@ def test_a_speculated_branch_under_a_dynamic_dimension():
     for x in (torch.randn(2, 8), torch.randn(9, 8), torch.full((5, 8), 1e37)):
         assert torch.equal(cm(x), model(x))
     assert cm.stats["speculation_fallbacks"] == 1
+
+
+def test_compiling_a_branch_prints_no_graph_dump(capfd, caplog):
+    """torch prints the graph it traced before a data-dependent failure, and warns it found no
+    line to suggest a check at: noise once plus speculates (torch_export_errors)."""
+    plus_tvm.compile(SignBranch().eval(), example_args=(torch.ones(3),))
+    err = capfd.readouterr().err
+    assert "def forward" not in err and "Unable to find user code" not in err
+    assert not any("Unable to find user code" in r.getMessage() for r in caplog.records)

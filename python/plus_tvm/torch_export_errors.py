@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import re
 import sys
 from collections.abc import Iterator
@@ -68,9 +69,13 @@ def partial_graph_dropped() -> Iterator[None]:
     """Around a ``torch.export`` that may stop at a branch on a value: torch prints the graph
     traced so far on stderr before raising (``print(e.partial_fx_graph, file=sys.stderr)``),
     a page of noise where plus_tvm compiles the branch by speculation or names its line.
-    That print is dropped; anything else the export wrote on stderr is written after it."""
+    That print is dropped, and so is torch's warning that it found no source line to suggest a
+    ``torch._check`` at ("Unable to find user code corresponding to {u0}"); anything else the
+    export wrote on stderr is written after it."""
     held = io.StringIO()
     failed: BaseException | None = None
+    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    shapes_log.addFilter(_no_user_code_warning)
     try:
         with contextlib.redirect_stderr(held):
             yield
@@ -78,12 +83,17 @@ def partial_graph_dropped() -> Iterator[None]:
         failed = err
         raise
     finally:
+        shapes_log.removeFilter(_no_user_code_warning)
         text = held.getvalue()
         graph = getattr(failed, "partial_fx_graph", None)
         if graph is not None and is_data_dependent(failed):
             text = text.replace(f"{graph}\n", "")
         if text:
             sys.stderr.write(text)
+
+
+def _no_user_code_warning(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Unable to find user code corresponding to")
 
 
 def _branch_location(text: str) -> str:
