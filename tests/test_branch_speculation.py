@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import plus_tvm
 import pytest
 import torch
@@ -166,6 +167,9 @@ def test_a_fallback_in_reduced_precision_returns_the_compiled_dtype():
     with pytest.warns(RuntimeWarning, match="runs in torch eager"):
         got = cm(-torch.ones(3))
     assert got.dtype == want and torch.equal(got.float(), torch.full((3,), -2.0))
+    wanted = cm(np.ones(3, np.float32)).dtype  # numpy in: numpy out (ml_dtypes' bfloat16)
+    got = cm(-np.ones(3, np.float32))
+    assert got.dtype == wanted and (got.astype(np.float32) == -2.0).all()
 
 
 @pytest.mark.filterwarnings("ignore:the branch at:RuntimeWarning")

@@ -267,7 +267,7 @@ class CompiledModel:
             leaves, missed = self._guards.split(leaves)
             if missed:
                 eager = self._guards.rerun(missed, inputs, leaves)
-                return eager if torch_in else [_to_numpy(t.cpu()) for t in eager]
+                return eager if torch_in else [as_numpy(t) for t in eager]
         return [convert(leaf) for leaf in leaves]
 
     def prepare(self, *inputs: object) -> list:
