@@ -189,3 +189,18 @@ def test_compiling_a_branch_prints_no_graph_dump(capfd, caplog):
     err = capfd.readouterr().err
     assert "def forward" not in err and "Unable to find user code" not in err
     assert not any("Unable to find user code" in r.getMessage() for r in caplog.records)
+
+
+def test_the_stats_text_lists_the_speculated_branches():
+    from plus_tvm.report import stats_text
+
+    stats = {
+        "model": "m",
+        "speculated_branches": [
+            {"site": "m.py:3 in forward", "code": "if x.sum() > 0:", "taken": True, "kind": "bool"}
+        ],
+        "speculation_fallbacks": 2,
+    }
+    text = stats_text(stats)
+    assert "m.py:3 in forward (`if x.sum() > 0:`): True" in text and "2 calls" in text
+    assert "speculated" not in stats_text({"model": "m"})

@@ -26,6 +26,11 @@ def stats_text(stats: dict) -> str:
         lines.append(f"{'patterns':<{width}}  {pats}")
     for node in stats.get("host_nodes") or ():
         lines.append(f"{'on the host':<{width}}  {node}")
+    for b in stats.get("speculated_branches") or ():  # (torch_branch_guards)
+        taken = "its value on the example inputs" if b.get("kind") == "item" else b["taken"]
+        lines.append(f"{'speculated':<{width}}  {b['site']} (`{b['code']}`): {taken}")
+    if stats.get("speculated_branches"):
+        lines.append(f"{'fallbacks':<{width}}  {stats.get('speculation_fallbacks', 0)} calls")
     graph = stats.get("cuda_graph")
     if graph and not graph.get("enabled", True):
         lines.append(f"{'cuda_graph':<{width}}  off in this build (cuda_graph=off)")
