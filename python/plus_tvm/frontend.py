@@ -74,7 +74,11 @@ def from_torch(
     Returns
     -------
     (tvm.IRModule, dict[str, numpy.ndarray])
-        The Relax module and its weights by parameter name.
+        The Relax module and its weights by parameter name. A model that branches in Python on
+        a tensor's value is exported along its example inputs' path
+        (:mod:`plus_tvm.torch_branch_speculation`): ``main`` then returns, after the model's
+        outputs, one boolean guard per speculated branch, listed in the module's
+        ``plus.speculated_branches`` attribute.
     """
     program = export_torch(
         module, example_args, dynamic_shapes, example_kwargs=example_kwargs, train_mode=train_mode
