@@ -65,6 +65,7 @@ from plus_tvm.gpu.bundle import split_label
 REL_TOL = 1e-3  # max |plus - torch| / max |torch|, both in strict float32
 CHECK_ROUNDS = 3  # calls per input set in the check (auto measures over its first 7 calls)
 PEERS = ("eager", "compile", "compile-ro")
+PROFILER_ACTIVITIES = ("CPU", "CUDA")  # CPU: the record_function range of each inference
 
 
 def _timed(fn: Callable[[], object], sync: Callable[[], None], runs: int, warmup: int) -> dict:
@@ -342,7 +343,7 @@ def profiled(fn: Callable[[], object], inferences: int, warmup: int, tir: set | 
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[getattr(ProfilerActivity, a) for a in PROFILER_ACTIVITIES]) as prof:
         for _ in range(inferences):
             with record_function(MARK):
                 fn()

@@ -31,7 +31,10 @@ _ATTENTION = re.compile(r"fmha|flash|attention|attn|sdpa", re.I)
 _CONV = re.compile(r"conv|fprop|dgrad|wgrad|winograd", re.I)
 # cuBLAS / cuBLASLt / CUTLASS GEMMs and the helper kernels they launch beside one (split-K
 # reduction, epilogue, beta scaling)
-_GEMM = re.compile(r"gemm|gemv|xmma|cutlass|cublas|splitkreduce|scal_kernel|matmul", re.I)
+_GEMM = re.compile(
+    r"gemm|gemv|xmma|cutlass|cublas|splitkreduce|scal_kernel|matmul|(?<![a-z0-9])(add|b)?mm(?![a-z0-9])",
+    re.I,
+)
 _NORM = re.compile(r"(layer|rms|group|batch|instance)_?norm|bn_fw|welford", re.I)
 _REDUCTION = re.compile(r"reduce|softmax|pool|argmax|argmin|cub::", re.I)
 _ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled|pointwise", re.I)
