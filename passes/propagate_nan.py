@@ -16,7 +16,7 @@ cross-thread reduction lowering must recognise the combiner.
 from __future__ import annotations
 
 import tvm
-from plus_tvm.tir_blocks import stores_any
+from plus_tvm.tir_blocks import has_load, if_then_else, nodes, stores_any
 from plus_tvm.tir_blocks.rebuild import map_blocks
 from tvm import tirx
 
@@ -71,7 +71,7 @@ def _nan_minmax(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
     lets = []
     operands = []
     for k, operand in enumerate((e.a, e.b)):
-        if isinstance(operand, _PLAIN):
+        if _cheap(operand):
             operands.append(operand)
         else:
             var = tirx.Var(f"nan_operand{k}", str(operand.ty))
@@ -93,6 +93,26 @@ def _nan_minmax(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
     for var, value in reversed(lets):
         out = tirx.Let(var, value, out)
     return out
+
+
+def _cheap(e: tvm.ir.Expr) -> bool:
+    """An operand used three times as it is: a load, constant or variable, a cast of one, or
+    a padding's ``if_then_else`` of them on a test of the indices (a padded pool with its
+    padding inlined). Bound by a ``Let`` instead, a cast from bfloat16 inside it came out wrong
+    from TVM's bfloat16 legalization in a vectorized loop (a bfloat16 pool: 5e4 off)."""
+    if isinstance(e, _PLAIN):
+        return True
+    if isinstance(e, tirx.Cast):
+        return _cheap(e.value)
+    parts = if_then_else(e)
+    if parts is None:
+        return False
+    test, then, otherwise = parts
+    return not has_load(test) and not _has_let(test) and _cheap(then) and _cheap(otherwise)
+
+
+def _has_let(e: tvm.ir.Expr) -> bool:
+    return any(isinstance(n, tirx.Let) for n in nodes(e))
 
 
 def _half_nan_minmax(e: tvm.ir.Expr, dtype: str) -> tvm.ir.Expr:

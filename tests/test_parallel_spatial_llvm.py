@@ -9,6 +9,7 @@ import tvm
 from gir_kernels import random_args, run
 from plus_tvm.gir.model import target_lanes
 from plus_tvm.options import Options
+from plus_tvm.passes import PropagateNaN
 from plus_tvm.pipeline import phase_passes
 from plus_tvm.schedules import GIRLLVM, ParallelSpatialLLVM
 from plus_tvm.target import resolve_target
@@ -278,7 +279,10 @@ def test_a_half_pool_runs_parallel_vectorized_over_channels_and_exact(dtype, c, 
     # each vector of outputs is set once, in front of its window, as one vector
     init = names[s.get(update).name_hint.replace("_update", "_init")]
     assert int(s.get(s.get_loops(init)[-1]).kind) == int(tirx.ForKind.VECTORIZED)
-    for want, got in zip(_run_typed(func, llvm), _run_typed(sch.mod["main"], llvm)):
+    # as the pipeline builds it: with PropagateNaN's rewrite of the max (a bfloat16 pool's
+    # padding, inlined, once came out 5e4 off through a Let of its cast)
+    scheduled = PropagateNaN()(tvm.IRModule({"main": sch.mod["main"]}))["main"]
+    for want, got in zip(_run_typed(func, llvm), _run_typed(scheduled, llvm)):
         np.testing.assert_array_equal(got.astype("float32"), want.astype("float32"))
 
 
