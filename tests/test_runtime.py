@@ -618,3 +618,41 @@ def test_float16_on_a_cpu_without_float16_gemm_computes_in_float32(monkeypatch):
     # the widened weight was packed once, as float32
     packed = [e[1] for e in cache.entries.values()]
     assert len(packed) == 1 and packed[0].dtype == torch.float32
+
+
+@pytest.mark.parametrize("bn", [0, 1])
+def test_float16_conv2d_on_a_cpu_without_float16_computes_in_float32(bn, monkeypatch):
+    """The float32 path (BatchNorm folded in float32) on parameters widened once, rounded to
+    float16 once: at least as accurate as torch's float16 against float64, NHWC and NCHW."""
+    monkeypatch.setattr(rt._common, "cpu_dtypes", lambda: ("float32",))
+    rt.clear_caches()
+    cache = rt.KERNELS["plus.conv2d"].cache
+    torch.manual_seed(0)
+    x, w, b = rand(1, 8, 10, 10).half(), rand(16, 8, 3, 3).half() * 0.3, rand(16).half()
+    stats = [rand(16).half(), rand(16).half(), rand(16).half(), rand(16).abs().half() + 0.5]
+
+    def reference(dtype):
+        g, beta, mean, var = (t.to(dtype) for t in stats)
+        y = F.conv2d(x.to(dtype), w.to(dtype), b.to(dtype), padding=1)
+        if bn:
+            y = F.batch_norm(y, mean, var, g, beta, eps=1e-5)
+        return F.relu(y)
+
+    want64 = reference(torch.float64)
+    torch_err = float(reference(torch.float16).double().sub(want64).abs().max())
+    inputs = [x, w, b, *(stats if bn else [])]
+    cfg = "padding=1;bias=1;act=relu" + (";bn=1;bn_eps=1e-5" if bn else "")
+    for layout in ("nchw", "nhwc"):
+        args = [x.permute(0, 2, 3, 1).contiguous() if layout == "nhwc" else x, *inputs[1:]]
+        shape = (1, 10, 10, 16) if layout == "nhwc" else (1, 16, 10, 10)
+        fn = compile_call("conv2d", args, f"{cfg};layout={layout}", shape, "float16")
+        targs = [tvm.runtime.tensor(t.contiguous().numpy()) for t in args]
+        for _ in range(3):
+            got = torch.from_numpy(fn(*targs).numpy())
+            got = got.permute(0, 3, 1, 2) if layout == "nhwc" else got
+            assert float(got.double().sub(want64).abs().max()) <= max(torch_err, 1e-3)
+    # every parameter was widened once per layout's copy of it (3 calls each), kept as
+    # float32 by the cache
+    widened = [e[1] for k, e in cache.entries.items() if k[-1] == ("float32",)]
+    assert len(widened) == 2 * (2 + bn * 4)
+    assert all(t.dtype == torch.float32 for t in widened)

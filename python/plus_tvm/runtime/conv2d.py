@@ -55,6 +55,7 @@ from ._common import (
     ints,
     onednn_usable,
     real,
+    widened_float16,
 )
 from ._torch import F, torch
 
@@ -144,6 +145,26 @@ class Conv2d(LibraryKernel):
         super().clear()
         self.choices.clear()
         self.folded.clear()
+
+    def _run_widened(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+        """float16 on a CPU without float16 instructions (:func:`widened_float16`): the float32
+        path (BatchNorm folded in float32, oneDNN or ATen as timed) on the parameters widened
+        once (the cache keeps them, so the fold and the packing are done once too), rounded to
+        float16 once at the end."""
+        params = 1 + cfg.bias + 4 * cfg.bn  # the weight, bias and statistics follow x
+
+        def wide(t: torch.Tensor) -> torch.Tensor:
+            hit = self.cache.get(t, ("float32",), lambda s: s.float()) if cfg.prepack else None
+            return hit if hit is not None else t.float()
+
+        inputs = [
+            inputs[0].float(),
+            *(wide(t) for t in inputs[1 : 1 + params]),
+            *(t.float() for t in inputs[1 + params :]),
+        ]
+        result = torch.empty_like(out, dtype=torch.float32)
+        self.run(cfg, inputs, result)
+        out.copy_(result)
 
     def _affine(self, cfg, bias, stats) -> tuple[torch.Tensor, torch.Tensor]:
         """A half call's BatchNorm as float32 ``(s, (bias - mean) * s + beta)`` per channel,
@@ -326,6 +347,9 @@ class Conv2d(LibraryKernel):
         return "aten"
 
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+        if widened_float16(inputs[0]):
+            self._run_widened(cfg, inputs, out)
+            return
         x, w = inputs[0], inputs[1]
         rest = list(inputs[2:])
         bias = rest.pop(0) if cfg.bias else None
