@@ -656,3 +656,33 @@ def test_float16_conv2d_on_a_cpu_without_float16_computes_in_float32(bn, monkeyp
     widened = [e[1] for k, e in cache.entries.items() if k[-1] == ("float32",)]
     assert len(widened) == 2 * (2 + bn * 4)
     assert all(t.dtype == torch.float32 for t in widened)
+
+
+def test_float16_linear_layernorm_and_matmul_on_a_cpu_without_float16(monkeypatch):
+    """linear + LayerNorm and matmul in float16 compute in float32 and round once where the
+    CPU has no float16 instructions: within one float16 rounding of the float32 result, and
+    the linear's weight, bias, gamma and beta widened once (kept by the cache)."""
+    monkeypatch.setattr(rt.linear, "ONEDNN_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(rt._common, "cpu_dtypes", lambda: ("float32",))
+    rt.clear_caches()
+    torch.manual_seed(0)
+    x, w, b, r = (t.half() for t in (rand(2, 6, 32), rand(32, 32), rand(32), rand(2, 6, 32)))
+    g, beta = rand(32).half(), rand(32).half()
+    want = F.layer_norm(
+        F.linear(x.float(), w.float(), b.float()) + r.float(), (32,), g.float(), beta.float()
+    )
+    cfg = "w=nk;bias=1;residual=1;gamma=1;beta=1"
+    fn = compile_call("linear_layernorm", [x, w, b, r, g, beta], cfg, (2, 6, 32), "float16")
+    args = [tvm.runtime.tensor(t.numpy()) for t in (x, w, b, r, g, beta)]
+    for _ in range(3):
+        got = torch.from_numpy(fn(*args).numpy())
+        assert got.dtype == torch.float16
+        close(got.float(), want.half().float(), rtol=1e-3)
+    cache = rt.KERNELS["plus.linear_layernorm"].cache
+    widened = [e[1] for k, e in cache.entries.items() if k[-1] == ("float32",)]
+    assert len(widened) == 4 and all(t.dtype == torch.float32 for t in widened)
+
+    a, m, bias = rand(2, 3, 5, 64).half(), rand(2, 3, 64, 4).half(), rand(4).half()
+    got = run("matmul", [a, m, bias], "bias=1;scale=0.5", (2, 3, 5, 4), "float16")
+    assert got.dtype == torch.float16
+    close(got.float(), (a.float() @ m.float() * 0.5 + bias.float()).half().float(), rtol=1e-3)

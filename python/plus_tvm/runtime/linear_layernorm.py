@@ -16,9 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._common import ConfigSpec, LibraryKernel, choice, flag, real, write_out
+from ._common import ConfigSpec, LibraryKernel, choice, flag, real, widened_float16, write_out
 from ._torch import F, torch
-from .linear import generic_linear, linear_out_shape, onednn_linear, use_onednn
+from .linear import (
+    ONEDNN_MIN_FLOPS,
+    generic_linear,
+    linear_out_shape,
+    onednn_linear,
+    use_onednn,
+)
 
 LINEAR_LAYERNORM_SPEC = ConfigSpec(
     "plus.linear_layernorm",
@@ -72,11 +78,23 @@ class LinearLayerNorm(LibraryKernel):
         gamma = rest.pop(0) if cfg.gamma else None
         beta = rest.pop(0) if cfg.beta else None
         n = out.shape[-1]
-        if use_onednn(x, w, out):
+        widened = widened_float16(x)
+        if widened:
+            # float32 throughout on parameters widened once (their packing follows), the sum
+            # and the normalized result rounded once each
+            def wide(t: torch.Tensor | None) -> torch.Tensor | None:
+                if t is None:
+                    return None
+                hit = self.cache.get(t, ("float32",), torch.Tensor.float) if cfg.prepack else None
+                return hit if hit is not None else t.float()
+
+            x, w, bias, gamma, beta = x.float(), wide(w), wide(bias), wide(gamma), wide(beta)
+            residual = residual.float() if residual is not None else None
+        if use_onednn(x, w, out) or (widened and 2.0 * x.numel() * n >= ONEDNN_MIN_FLOPS):
             cache = self.cache if cfg.prepack else None
             y = onednn_linear(cache, x, w, cfg.w, bias, residual, "none")
         else:
-            y = torch.empty_like(out)
+            y = torch.empty_like(out, dtype=x.dtype)
             generic_linear(x, w, cfg.w, bias, residual, "none", y)
         if sum_out is not None:
             write_out(sum_out, y.view(sum_out.shape))
