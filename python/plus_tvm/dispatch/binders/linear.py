@@ -30,7 +30,10 @@ def _weight_operand(ctx: Ctx, rhs: relax.Expr) -> tuple[relax.Expr, str] | None:
     nn.Linear weight [N, K]."""
     if ctx.is_weight(rhs) and len(shape_of(rhs)) == 2:
         return rhs, "kn"
-    found = ctx.member_call(rhs)
+    # the transpose of a weight, in the subgraph or anywhere in the block: the call reads
+    # the weight itself (a transpose left outside, as the prefill's LM head over its last
+    # position has it, is then read by nothing and goes)
+    found = ctx.member_call(rhs) or ctx.block_call(rhs)
     if found is not None and ctx.op(found[0]) == "relax.permute_dims":
         w = found[1].args[0]
         axes = found[1].attrs.axes
@@ -103,6 +106,12 @@ class _Epilogue:
 
     def _next(self) -> int | None:
         nxt = self.ctx.follow(self.cur)
+        if nxt is None and not self.rounded:
+            # a half GEMM's rounding the subgraph left out (a one-row GEMM of a batched
+            # operand, the prefill's LM head, matches alone): its sole reader anywhere
+            after = self.ctx.follow_outside(self.cur)
+            if after is not None and rounds_to(self.ctx, after, self.half):
+                return after
         if nxt is None and self.with_norm and self.cur != self.gemm and self.norm is None:
             # the sum is read again: the LayerNorm still comes in, the sum a second output
             readers = self.ctx.match.readers.get(self.cur, ())
