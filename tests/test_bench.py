@@ -69,11 +69,24 @@ def _loaded(cls):
     return load_model(cls().eval(), (torch.randn(2, 8),))
 
 
-def test_every_backend_runs_in_its_own_process_on_every_core():
+VARIANT = "plus:dispatch=false+fusion=tvm"
+
+
+@pytest.fixture(scope="module")
+def small_bench(strict):
+    """One bench of ``Small`` on every kind of backend, a plus variant among them (its worker
+    processes and compiles shared by the two tests that read it)."""
+    backends = ["plus", "torch", "onnxruntime", VARIANT]
+    with strict(), pytest.MonkeyPatch.context() as patch:
+        from plus_tvm.bench import driver
+
+        patch.setattr(driver, "SETTLE_S", 0.0)  # (as _no_settling_pause: module scope here)
+        return Bench(_loaded(Small), backends, runs=3, warmup=1, progress=False).run()
+
+
+def test_every_backend_runs_in_its_own_process_on_every_core(small_bench):
     cpus = sorted(os.sched_getaffinity(0))
-    result = Bench(
-        _loaded(Small), ["plus", "torch", "onnxruntime"], runs=3, warmup=1, progress=False
-    ).run()
+    result = small_bench
     assert result["invalid"] == [] and result["reference"] == "torch"
     assert result["environment"]["affinity"] == cpus
     for name in ("plus", "torch", "onnxruntime"):
@@ -153,18 +166,11 @@ def test_bench_command_exits_3_on_an_invalid_measurement(monkeypatch, capsys):
     assert "invalid" in capsys.readouterr().err
 
 
-def test_plus_variant_backend_is_compiled_with_its_options():
-    bench = Bench(
-        _loaded(Small),
-        ["plus", "plus:dispatch=false+fusion=tvm"],
-        runs=2,
-        warmup=0,
-        progress=False,
-    )
-    result = bench.run()
-    variant = result["backends"]["plus:dispatch=false+fusion=tvm"]
+def test_plus_variant_backend_is_compiled_with_its_options(small_bench):
+    result = small_bench
+    variant = result["backends"][VARIANT]
     assert variant["status"] == "ok" and variant["max_abs_err"] < 1e-4
-    assert "plus:dispatch=false+fusion=tvm" in result["speedup"]
+    assert VARIANT in result["speedup"]
     with pytest.raises(Exception, match="unknown option"):
         Bench(_loaded(Small), ["plus", "plus:nonsense=1"], progress=False)
 
