@@ -21,6 +21,8 @@ from plus_tvm.tir_blocks import stores_any
 from plus_tvm.tir_blocks.rebuild import map_blocks
 from tvm import tirx
 
+from ._prim_func_rewrite import rewrite_prim_funcs
+
 MAX_EXPONENT = 4
 _POW = tvm.ir.Op.get("tirx.pow")
 _PLAIN = (tirx.Var, tvm.ir.TensorLoad, tirx.FloatImm, tirx.IntImm, tirx.Broadcast)
@@ -31,18 +33,14 @@ class ExpandIntegerPower:
     """Rewrite ``pow`` by small integer constants (and 0.5) in every PrimFunc (module doc)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        functions = {}
-        changed = False
-        for gvar, func in mod.functions_items():
-            if isinstance(func, tirx.PrimFunc) and _has_pow(func):
-                body = map_blocks(func.body, expand_power)
-                if not body.same_as(func.body):
-                    func = func.with_body(body)
-                    changed = True
-            functions[gvar] = func
-        if not changed:
-            return mod
-        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+        return rewrite_prim_funcs(mod, _expand)
+
+
+def _expand(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    if not _has_pow(func):
+        return None
+    body = map_blocks(func.body, expand_power)
+    return None if body.same_as(func.body) else func.with_body(body)
 
 
 def expand_power(e: tvm.ir.Expr) -> tvm.ir.Expr | None:

@@ -28,6 +28,8 @@ from plus_tvm.tir_blocks import blocks, if_then_else, stores, walk_expr
 from plus_tvm.tir_blocks.rebuild import map_block_stores, tvm_structural_equal
 from tvm import tirx
 
+from ._prim_func_rewrite import rewrite_prim_funcs
+
 # the combiner, and the finite bound TOPI starts it from, of each accumulation
 _KINDS = {tirx.Max: tirx.min_value, tirx.Min: tirx.max_value}
 
@@ -37,17 +39,7 @@ class InfiniteExtremeIdentity:
     """Start float max / min accumulations and their paddings from ``∓inf`` (module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        functions = {}
-        changed = False
-        for gvar, func in mod.functions_items():
-            if isinstance(func, tirx.PrimFunc):
-                new = rewrite(func)
-                changed |= new is not None
-                func = new if new is not None else func
-            functions[gvar] = func
-        if not changed:
-            return mod
-        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+        return rewrite_prim_funcs(mod, rewrite)
 
 
 def rewrite(func: tirx.PrimFunc) -> tirx.PrimFunc | None:

@@ -20,6 +20,8 @@ from plus_tvm.tir_blocks import has_load, if_then_else, nodes, stores_any
 from plus_tvm.tir_blocks.rebuild import map_blocks
 from tvm import tirx
 
+from ._prim_func_rewrite import rewrite_prim_funcs
+
 
 @tvm.transform.module_pass(opt_level=0, name="PropagateNaN")
 class PropagateNaN:
@@ -35,17 +37,7 @@ class PropagateNaN:
         self.keep_reductions = keep_reductions
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        functions = {}
-        changed = False
-        for gvar, func in mod.functions_items():
-            if isinstance(func, tirx.PrimFunc):
-                new = self.rewrite(func)
-                changed |= new is not None
-                func = new if new is not None else func
-            functions[gvar] = func
-        if not changed:
-            return mod
-        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+        return rewrite_prim_funcs(mod, self.rewrite)
 
     def rewrite(self, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         """``func`` with NaN-propagating ``max`` / ``min``, or None when it has none."""
