@@ -162,7 +162,9 @@ def resume(results: dict) -> dict[str, set]:
 
 
 def bundle_dtypes(record: dict) -> dict:
-    """A manifest record's dtypes and their variants (a bundle of format 1: float32 only)."""
+    """A manifest record's units (a dtype at a batch, keyed by
+    :func:`plus_tvm.gpu.bundle.unit_label`) and their variants (a bundle of format 1: float32
+    at batch 1 only)."""
     return record.get("dtypes") or {"fp32": {"variants": record["variants"]}}
 
 
@@ -444,8 +446,9 @@ def _brief(row: dict) -> str:
 
 
 def units(results: dict) -> list[tuple[str, str, dict]]:
-    """(model, dtype, its result) for every model and dtype of a gpu_check result; a model
-    that failed before its dtypes (or a result of the float32-only format) as one unit."""
+    """(model, unit label, its result) for every model and unit (a dtype at a batch: ``fp32``,
+    ``fp32 b16``) of a gpu_check result; a model that failed before its units (or a result of
+    the float32-only format) as one unit."""
     out = []
     for name, res in results["models"].items():
         out += [(name, dtype, r) for dtype, r in res.get("dtypes", {}).items()]
