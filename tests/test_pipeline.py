@@ -115,15 +115,23 @@ def test_phase_contents_follow_target_and_options():
     )
     assert _pass_names(phases["fuse"](llvm, Options())) == ["DPFuseOps", "FuseTIR"]
     assert _pass_names(phases["fuse"](llvm, Options(fusion="tvm"))) == ["FuseOps", "FuseTIR"]
-    # integer powers as products, GIR, then NaN-propagating max / min
-    schedule = ["ExpandIntegerPower", "ApplyScheduleRules", "PropagateNaN"]
+    # integer powers as products, GIR, max / min starting from -inf / +inf (on the CPU), then
+    # NaN-propagating max / min
+    schedule = [
+        "ExpandIntegerPower",
+        "ApplyScheduleRules",
+        "InfiniteExtremeIdentity",
+        "PropagateNaN",
+    ]
     assert _pass_names(phases["schedule"](llvm, Options())) == schedule
     assert _pass_names(phases["schedule"](llvm, Options(gir=False))) == [
         "ExpandIntegerPower",
+        "InfiniteExtremeIdentity",
         "PropagateNaN",
     ]
     assert _pass_names(phases["schedule"](llvm, Options(gir=False, propagate_nan=False))) == [
-        "ExpandIntegerPower"
+        "ExpandIntegerPower",
+        "InfiniteExtremeIdentity",
     ]
     # on a GPU, blocks the rules left on the host are bound before PropagateNaN
     assert _pass_names(phases["schedule"](CUDA, Options())) == [
