@@ -28,6 +28,8 @@ NAMES = {
     "void scal_kernel<float, float, 1, true, 6, 5, 5, 3>(cublasTransposeParams<float>, float "
     "const*, float*, float const*)": "gemm",
     "scal_kernel": "gemm",  # cuBLAS's, though shaped like a TVM kernel name
+    "splitKreduce_kernel": "gemm",
+    "fused_conv2d_NCHWc_add_relu_kernel": "tir",
     "void cublasLt::epilogue::impl::globalKernel<8, 32, float, float, true, false>()": "gemm",
     "triton_tem_fused_addmm_0": "gemm",
     "fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float, "

@@ -42,8 +42,10 @@ _ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled|pointwise", re.I)
 _TRITON = re.compile(r"^triton_(poi|red|per|tem)_")
 # a TVM-generated kernel: ``<PrimFunc name>_kernel`` or ``..._kernel_<n>`` (extern "C", so the
 # plain identifier, never a demangled C++ name); the few cuBLAS kernels named that way are not
-_TIR_NAME = re.compile(r"^([a-z_][a-z0-9_]*)_kernel(_\d+)?$")
-_LIBRARY_PLAIN = re.compile(r"^(scal|gemmk1|dot|asum|nrm2|axpy|swap|rot)_kernel$")
+_TIR_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)_kernel(_\d+)?$")
+_LIBRARY_PLAIN = re.compile(
+    r"^(scal|gemmk1|dot|asum|nrm2|axpy|swap|rot|splitKreduce|splitkreduce)_kernel$"
+)
 
 
 class KernelEvent(NamedTuple):
@@ -66,8 +68,8 @@ def classify(name: str, tir_functions: Iterable[str] | None = None) -> str:
 
     A TVM kernel is ``tir`` whatever its name says (a TIR ``fused_matmul_add_kernel`` is plus's
     own code, not a library GEMM): a kernel of one of ``tir_functions`` (the variant's TIR
-    PrimFunc names, from the bundle's kernel signatures), or any plain lower-case
-    ``..._kernel`` / ``..._kernel_<n>`` name but cuBLAS's few (``scal_kernel``). Inductor's
+    PrimFunc names, from the bundle's kernel signatures), or any plain identifier
+    ``..._kernel`` / ``..._kernel_<n>`` but cuBLAS's few (``scal_kernel``). Inductor's
     kernels by their prefix (``triton_poi_`` elementwise, ``triton_red_`` / ``triton_per_``
     reduction or norm, ``triton_tem_`` GEMM); library kernels by name: copy, attention,
     convolution, GEMM, norm, reduction, elementwise, else ``other``."""
