@@ -139,3 +139,21 @@ def test_a_scalar_host_output_stays_zero_dimensional():
     got = cm(x)
     assert got.shape == () and got.dtype == np.float32
     np.testing.assert_allclose(got, np.linalg.det(x.astype(np.float64)), rtol=1e-4)
+
+
+def test_host_fallback_off_refuses_an_onnx_host_node_by_name(tmp_path):
+    """Options(host_fallback=False) governs ONNX host nodes as it does torch ones: the compile
+    fails naming the node instead of running it in numpy; a model without one compiles."""
+    model = _reduce_model(keepdims=1)
+    off = plus_tvm.Options(host_fallback=False)
+    with pytest.raises(UnsupportedOperatorError, match=r"host_fallback is off.*'sum_it' of type"):
+        plus_tvm.compile(model, "llvm", options=off)
+    path = tmp_path / "reduce.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(UnsupportedOperatorError, match=r"1 host node\(s\) on the host"):
+        plus_tvm.compile(str(path), "llvm", options=off)
+    plain = _model(
+        [helper.make_node("Relu", ["x"], ["y"])], [_info("x", F, [2, 3])], [_info("y", F, [2, 3])]
+    )
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(plus_tvm.compile(plain, "llvm", options=off)(x), np.maximum(x, 0))

@@ -30,7 +30,7 @@ from .frontend import (
     num_inputs,
     torch_weight_tensors,
 )
-from .torch_host_refusal import refuse_torch_host_nodes
+from .torch_host_refusal import refuse_host_nodes
 
 
 @dataclass
@@ -83,7 +83,7 @@ def load_model(
     }
 
     if isinstance(model, LoadedModel):  # (imported with its own host fallback: off refuses it)
-        return model if host_fallback else refuse_torch_host_nodes(model)
+        return model if host_fallback else refuse_host_nodes(model)
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if isinstance(model, str):
@@ -95,14 +95,14 @@ def load_model(
                 module, args or example_args, name=model, source="torch", **torch_export
             )
         if model.endswith(".onnx") or os.path.exists(model):
-            return _load_onnx(model)
+            return _refused_unless(host_fallback, _load_onnx(model))
         if os.path.splitext(model)[1]:  # a file name: say so, not "cannot tell"
             raise ModelLoadError(f"model file not found: {model}")
         raise ModelLoadError(
             f"cannot tell what model {model!r} is: use zoo:NAME, a .onnx file or python:MODULE:ATTR"
         )
     if isinstance(model, onnx.ModelProto):
-        return _load_onnx(model)
+        return _refused_unless(host_fallback, _load_onnx(model))
     if isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], tvm.IRModule):
         return LoadedModel("relax", model[0], dict(model[1]), example_inputs=example_args)
     if isinstance(model, tvm.IRModule):
@@ -205,6 +205,10 @@ def output_count(mod: tvm.IRModule) -> int:
     from tvm import relax
 
     return len(ret.fields) if isinstance(ret, relax.TupleType) else 1
+
+
+def _refused_unless(host_fallback: bool, loaded: LoadedModel) -> LoadedModel:
+    return loaded if host_fallback else refuse_host_nodes(loaded)
 
 
 def _load_onnx(path_or_proto: object) -> LoadedModel:

@@ -171,7 +171,8 @@ class Options:
     host_fallback : bool
         A torch node whose ATen op has no converter runs on the host through torch eager (a
         graph break, warned once per op, listed in ``stats["host_nodes"]``;
-        :mod:`plus_tvm.torch_host_fallback`); off: such an op fails the compile.
+        :mod:`plus_tvm.torch_host_fallback`), an ONNX node none converts through ONNX's
+        reference implementation; off: such a node fails the compile, naming it.
     dump_ir : str or None
         Folder to which the IR after each pipeline phase is written (debugging aid).
     verbose : bool
