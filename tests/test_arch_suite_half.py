@@ -17,6 +17,7 @@ import pytest
 import torch
 from plus_tvm import arch_suite
 from plus_tvm.accuracy import bound, rel_err
+from plus_tvm.half_reference import widened_run
 
 pytest.importorskip("transformers")
 
@@ -33,22 +34,8 @@ def _cast(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _reference(half: torch.nn.Module, args: tuple) -> torch.Tensor:
-    """The model's output from its rounded weights in float64, or float32 where torch has no
-    float64 kernel (the mixture-of-experts grouped matmul): either is far more precise than
-    the half-precision runs judged against it."""
-    with torch.no_grad():
-        try:
-            return _widened(half, torch.float64)(*[_cast(a, torch.float64) for a in args])
-        except RuntimeError as err:
-            if "Double" not in str(err):
-                raise
-            return _widened(half, torch.float32)(*[_cast(a, torch.float32) for a in args])
-
-
-def _widened(half: torch.nn.Module, dtype: torch.dtype):
-    """``half`` with its rounded weights widened to ``dtype``; returns float64 outputs."""
-    wide = copy.deepcopy(half).to(dtype)
-    return lambda *a: wide(*a).double()
+    out = widened_run(half, args)
+    return (out[0] if isinstance(out, (list, tuple)) else out).double()
 
 
 # in both dtypes: the first architecture of each family, and the mixtures of experts

@@ -17,6 +17,7 @@ import pytest
 import torch
 from plus_tvm import zoo
 from plus_tvm.accuracy import bound, rel_err
+from plus_tvm.half_reference import widened_run
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -33,10 +34,9 @@ def _first(out: object) -> torch.Tensor:
 def _errors(model: torch.nn.Module, args: tuple, dtype: torch.dtype) -> tuple[float, float, object]:
     """(plus's relative error, torch eager's, plus's output) against float64."""
     half = copy.deepcopy(model).eval().to(dtype)
-    wide = copy.deepcopy(half).double()
     hargs = tuple(_cast(a, dtype) for a in args)
+    ref = _first(widened_run(half, hargs)).double()
     with torch.no_grad():
-        ref = _first(wide(*[_cast(a, torch.float64) for a in hargs])).double()
         eager = _first(half(*hargs)).double()
     got = _first(plus_tvm.compile(half, example_args=hargs)(*hargs))
     return rel_err(got.double().numpy(), ref.numpy()), rel_err(eager.numpy(), ref.numpy()), got
