@@ -7,7 +7,10 @@ twin), and TVM 0.27's ``tensorize`` of the WMMA ``load_a`` intrinsic segfaults (
 :class:`MatmulWithoutTensorCores` decides from the function's structure whether dlight would
 take that path (a reduction block reading float16 / int8) and then marks the function
 ``dlight.do_not_tensorize`` (dlight's own switch), so ``gpu.Matmul`` schedules it with its
-SIMT tiles instead; every other function goes to ``gpu.Matmul`` unchanged.
+SIMT tiles instead; every other function goes to ``gpu.Matmul`` unchanged. Such a function is
+also handed over under the target with its ``arch`` read as ``sm_60`` (what ``gpu.Matmul``
+reads the arch for is the tensorization test alone): dlight's tensorization rule imports TVM's
+CUDA tensor intrinsics before it reads the switch, 23 s of CPU once per process.
 """
 
 from __future__ import annotations
@@ -57,7 +60,15 @@ class MatmulWithoutTensorCores(GPUScheduleRule):
             return None
         if would_tensorize(func, target):
             func = func.with_attr("dlight.do_not_tensorize", True)
+            target = _before_tensor_cores(target)
         try:
             return self.matmul.apply(func, target, tunable)
         except AssertionError:  # dlight asserts on kernels it was not written for: declines
             return None
+
+
+def _before_tensor_cores(target: tvm.target.Target) -> tvm.target.Target:
+    """``target`` with its arch read as sm_60 (no tensor cores); everything else kept."""
+    config = {str(k): v for k, v in target.export().items()}
+    config["arch"] = "sm_60"
+    return tvm.target.Target(config)

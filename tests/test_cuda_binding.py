@@ -131,7 +131,20 @@ def test_which_matmuls_dlight_would_tensorize():
     assert not would_tensorize(_matmul("float16", "float32"), old)
 
 
-def _no_tensor_core_intrinsics(monkeypatch) -> None:
+class _Intrinsics(types.ModuleType):
+    """The stand-in module: records every name read from it (an import of it reads them)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.read: list[str] = []
+
+    def __getattribute__(self, name: str):
+        if not name.startswith("__") and name != "read":
+            object.__getattribute__(self, "read").append(name)
+        return super().__getattribute__(name)
+
+
+def _no_tensor_core_intrinsics(monkeypatch) -> _Intrinsics:
     """dlight's WMMA intrinsics, as tensorization rules import them, replaced by a module whose
     ``get_wmma_intrin_group`` (the first use of an intrinsic: the start of the crashing path)
     raises. The real module's import registers every target's intrinsics (~20 s on 2 cores);
@@ -142,23 +155,27 @@ def _no_tensor_core_intrinsics(monkeypatch) -> None:
 
     package = types.ModuleType("tvm.s_tir.tensor_intrin")
     package.__path__ = []
-    cuda = types.ModuleType("tvm.s_tir.tensor_intrin.cuda")
+    cuda = _Intrinsics("tvm.s_tir.tensor_intrin.cuda")
     cuda.get_wmma_intrin_group = entered
     package.cuda = cuda
     monkeypatch.setitem(sys.modules, package.__name__, package)
     monkeypatch.setitem(sys.modules, cuda.__name__, cuda)
+    return cuda
 
 
 def test_float16_matmul_is_scheduled_without_the_crashing_tensor_core_path(monkeypatch):
     # dlight's own gpu.Matmul takes its WMMA path on this function (whose tensorize kills the
     # process, SIGSEGV): here the path raises where it starts, so no child process is needed
-    _no_tensor_core_intrinsics(monkeypatch)
+    intrinsics = _no_tensor_core_intrinsics(monkeypatch)
     func = _matmul("float16", "float32")
     with SM90, pytest.raises(RuntimeError, match="entered its WMMA"):
         dl.gpu.Matmul().apply(func, SM90, False)  # (the test sees the path: it is taken)
+    intrinsics.read.clear()
     with SM90:
         sch = MatmulWithoutTensorCores().apply(func, SM90, False)
     assert sch is not None and unbound_blocks(sch.mod["main"]) == []
+    # nor are the intrinsics imported (the real import: 23 s of CPU per process)
+    assert intrinsics.read == []
 
 
 def test_a_schedule_tvm_lowers_into_a_type_error_is_declined_not_fatal():
