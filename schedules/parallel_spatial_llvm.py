@@ -69,12 +69,19 @@ class ParallelSpatialLLVM(ReasonedRule):
         in the block's widest element type.
     min_parallel : int
         Leading loops are fused until their extent reaches this (or every loop but the last).
+    min_static : int
+        Smallest static part of a nest over two symbolic sizes or more worth scheduling.
     """
 
     def __init__(
-        self, min_elements: int = 16384, lanes: int | None = None, min_parallel: int = 16
+        self,
+        min_elements: int = 16384,
+        lanes: int | None = None,
+        min_parallel: int = 16,
+        min_static: int = 256,
     ) -> None:
         self.min_elements = min_elements
+        self.min_static = min_static
         self.lanes = lanes
         self.min_parallel = min_parallel
 
@@ -100,7 +107,10 @@ class ParallelSpatialLLVM(ReasonedRule):
                 continue
         if changed:
             return sch, None
-        return None, f"no block with a static loop nest of {self.min_elements} elements or more"
+        return None, (
+            f"no block with a static loop nest of {self.min_elements} elements or more (or "
+            "over two symbolic sizes)"
+        )
 
     @staticmethod
     def _inline_data_movement(sch: s_tir.Schedule, blocks: list) -> bool:
@@ -123,22 +133,27 @@ class ParallelSpatialLLVM(ReasonedRule):
                 continue
         return inlined
 
-    def _static_loops(self, sch: s_tir.Schedule, brv: object) -> tuple[list, list[int]] | None:
-        """The block's loops and their extents: one static loop per iterator, in the
-        iterators' order, the nest at least ``min_elements`` points; else ``None``."""
+    def _static_loops(self, sch: s_tir.Schedule, brv: object) -> tuple[list, list] | None:
+        """The block's loops and their extents (an int, or ``None`` for a symbolic one): one
+        loop per iterator, in the iterators' order, the nest at least ``min_elements`` points;
+        else ``None``. A nest over symbolic sizes counts as large when its extents name two
+        sizes or more (a batch and a length: a prefill's ``[b, n, 3072]``) over at least
+        ``min_static`` static points, and its innermost loop is static; a single symbolic size
+        (a decode step's batch) does not."""
         block = sch.get(brv)
         loops = sch.get_loops(brv)
         if not loops or len(loops) != len(block.iter_vars):
             return None  # not one loop per iterator: scheduled already
         extents = [sch.get(loop).extent for loop in loops]
-        if not all(isinstance(e, tirx.IntImm) for e in extents):
-            return None
-        sizes = [int(e) for e in extents]
-        for size, iv in zip(sizes, block.iter_vars):
-            dom = iv.dom.extent
-            if not isinstance(dom, tirx.IntImm) or int(dom) != size:
+        for extent, iv in zip(extents, block.iter_vars):
+            if not tvm.sym.Analyzer().can_prove_equal(iv.dom.extent, extent):
                 return None  # the loops do not map one to one onto the iterators
-        if math.prod(sizes) < self.min_elements:
+        sizes = [int(e) if isinstance(e, tirx.IntImm) else None for e in extents]
+        static = math.prod(s for s in sizes if s is not None)
+        if None not in sizes:
+            return (list(loops), sizes) if static >= self.min_elements else None
+        names = {v.name for e in extents for v in nodes(e) if isinstance(v, tirx.Var)}
+        if sizes[-1] is None or len(names) < 2 or static < self.min_static:
             return None
         return list(loops), sizes
 
@@ -200,20 +215,26 @@ class ParallelSpatialLLVM(ReasonedRule):
             sch.vectorize(sch.get_loops(init)[-1])
         return True
 
-    def _parallel(self, sch: s_tir.Schedule, lead: list, sizes: list[int]) -> None:
-        """Fuse the leading loops until their extent reaches ``min_parallel``; run it parallel."""
+    def _parallel(self, sch: s_tir.Schedule, lead: list, sizes: list) -> None:
+        """Fuse the leading loops until their extent reaches ``min_parallel`` (all of them
+        where one is symbolic: a batch of 1 must not be the whole parallel loop); run it
+        parallel."""
         count, extent = 0, 1
+        symbolic = None in sizes[: len(lead)]
         for size in sizes[: len(lead)]:
             count += 1
-            extent *= size
-            if extent >= self.min_parallel:
+            extent *= size or 1
+            if extent >= self.min_parallel and not symbolic:
                 break
         outer = sch.fuse(*lead[:count]) if count > 1 else lead[0]
         sch.parallel(outer)
 
 
-def _dividing(lanes: int, extent: int) -> int:
-    """The widest of ``lanes``, ``lanes / 2``, ... (at least 4) dividing ``extent``; else 0."""
+def _dividing(lanes: int, extent: int | None) -> int:
+    """The widest of ``lanes``, ``lanes / 2``, ... (at least 4) dividing ``extent``; else 0
+    (and for a symbolic extent)."""
+    if extent is None:
+        return 0
     while lanes >= 4 and extent % lanes:
         lanes //= 2
     return lanes if lanes >= 4 else 0
