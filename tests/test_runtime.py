@@ -686,3 +686,24 @@ def test_float16_linear_layernorm_and_matmul_on_a_cpu_without_float16(monkeypatc
     got = run("matmul", [a, m, bias], "bias=1;scale=0.5", (2, 3, 5, 4), "float16")
     assert got.dtype == torch.float16
     close(got.float(), (a.float() @ m.float() * 0.5 + bias.float()).half().float(), rtol=1e-3)
+
+
+def test_float16_computed_in_float32_still_overflows_where_torch_does(monkeypatch):
+    """Widened to float32, a float16 call still rounds where torch's graph does: a linear's
+    output past float16's range is inf before the residual brings it back (torch: inf), and a
+    linear + LayerNorm's sum past it gives NaN (BART's finiteness test relies on it)."""
+    monkeypatch.setattr(rt.linear, "ONEDNN_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(rt._common, "cpu_dtypes", lambda: ("float32",))
+    rt.clear_caches()
+    x = torch.ones(2, 16).half()
+    w = torch.full((8, 16), 5000.0).half()  # x @ w.T = 80000 > 65504
+    r = torch.full((2, 8), -60000.0).half()  # back in range in float32
+    want = F.linear(x, w) + r
+    assert torch.isinf(want).all()
+    got = run("linear", [x, w, r], "residual=1", (2, 8), "float16")
+    assert torch.equal(got, want)
+    g, b = torch.ones(8).half(), torch.zeros(8).half()
+    want = F.layer_norm(F.linear(x, w), (8,), g, b)
+    assert torch.isnan(want).all()
+    got = run("linear_layernorm", [x, w, g, b], "gamma=1;beta=1", (2, 8), "float16")
+    assert torch.isnan(got).all()

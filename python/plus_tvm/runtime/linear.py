@@ -254,7 +254,8 @@ class Linear(LibraryKernel):
 
     def _run_widened(self, cfg, x, weights, biases, residual, out) -> None:  # noqa: ANN001
         """float16 computed in float32 (:func:`widened_float16`): the weights (every part,
-        as one ``[N, K]``) widened and packed once by the cache, the rest widened per call."""
+        as one ``[N, K]``) widened and packed once by the cache, the rest widened per call;
+        each result rounded to float16 where torch's op-by-op graph rounds it."""
         rows = x.numel() // max(x.shape[-1], 1)
 
         def nk_float(ws: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -267,5 +268,13 @@ class Linear(LibraryKernel):
         if w is None:
             w = nk_float(weights)
         bias = torch.cat(biases).float() if biases else None
-        wide = None if residual is None else residual.float()
-        write_out(out, onednn_apply(x.float(), w, bias, wide, cfg.act))
+        # rounded where torch's graph rounds: the linear's output, then the activation's and
+        # the residual sum's (a value past float16's range is inf there, as in torch)
+        y = onednn_apply(x.float(), w, bias, None, "none").to(out.dtype)
+        if cfg.act != "none":
+            y32 = y.float()
+            apply_activation_(y32, cfg.act)
+            y = y32.to(out.dtype)
+        if residual is not None:
+            y = (y.float() + residual.float()).to(out.dtype)
+        write_out(out, y)

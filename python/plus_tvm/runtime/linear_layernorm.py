@@ -96,6 +96,11 @@ class LinearLayerNorm(LibraryKernel):
         else:
             y = torch.empty_like(out, dtype=x.dtype)
             generic_linear(x, w, cfg.w, bias, residual, "none", y)
+        if widened:
+            # the sum rounded to float16 before the norm, as torch's graph holds it: a sum
+            # past float16's range is inf there, and the norm of it NaN (what a model's
+            # finiteness test, BART's, looks for)
+            y = y.to(out.dtype).float()
         if sum_out is not None:
             write_out(sum_out, y.view(sum_out.shape))
         write_out(out, F.layer_norm(y, (n,), gamma, beta, cfg.eps))
