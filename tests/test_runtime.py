@@ -622,8 +622,9 @@ def test_float16_on_a_cpu_without_float16_gemm_computes_in_float32(monkeypatch):
 
 @pytest.mark.parametrize("bn", [0, 1])
 def test_float16_conv2d_on_a_cpu_without_float16_computes_in_float32(bn, monkeypatch):
-    """The float32 path (BatchNorm folded in float32) on parameters widened once, rounded to
-    float16 once: at least as accurate as torch's float16 against float64, NHWC and NCHW."""
+    """The convolution in float32 on parameters widened once, rounded where torch's float16
+    graph rounds (the convolution's result; the BatchNorm in float32 on it): at least as
+    accurate as torch's float16 against float64, NHWC and NCHW."""
     monkeypatch.setattr(rt._common, "cpu_dtypes", lambda: ("float32",))
     rt.clear_caches()
     cache = rt.KERNELS["plus.conv2d"].cache
@@ -651,11 +652,40 @@ def test_float16_conv2d_on_a_cpu_without_float16_computes_in_float32(bn, monkeyp
             got = torch.from_numpy(fn(*targs).numpy())
             got = got.permute(0, 3, 1, 2) if layout == "nhwc" else got
             assert float(got.double().sub(want64).abs().max()) <= max(torch_err, 1e-3)
-    # every parameter was widened once per layout's copy of it (3 calls each), kept as
-    # float32 by the cache
+    # the weight and bias were widened once per layout's copy of them (3 calls each), kept as
+    # float32 by the cache (the BatchNorm's statistics: once, as its float32 scale and shift)
     widened = [e[1] for k, e in cache.entries.items() if k[-1] == ("float32",)]
-    assert len(widened) == 2 * (2 + bn * 4)
+    assert len(widened) == 2 * 2
     assert all(t.dtype == torch.float32 for t in widened)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_float16_conv2d_overflow_before_its_batch_norm_is_inf_as_in_torch(layout, monkeypatch):
+    """A float16 convolution whose result overflows (above 65504) before a BatchNorm that
+    would scale it back: torch's float16 graph gives inf there (and a residual add keeps it),
+    so must the float32-computed path, rather than a finite value from a folded BatchNorm."""
+    monkeypatch.setattr(rt._common, "cpu_dtypes", lambda: ("float32",))
+    rt.clear_caches()
+    torch.manual_seed(1)
+    x, w = (rand(1, 4, 6, 6) * 30).half(), (rand(8, 4, 1, 1) * 1000).half()
+    b, r = torch.zeros(8).half(), rand(1, 8, 6, 6).half()
+    g, beta = torch.full((8,), 1e-3).half(), torch.zeros(8).half()
+    mean, var = torch.zeros(8).half(), torch.ones(8).half()
+    want = F.relu(F.batch_norm(F.conv2d(x, w, b), mean, var, g, beta, eps=1e-5)) + r
+    assert bool(torch.isinf(want).any()) and bool(torch.isfinite(want).any())
+    args = [x, w, b, g, beta, mean, var, r]
+    if layout == "nhwc":
+        args = [
+            t.permute(0, 2, 3, 1).contiguous() if t.dim() == 4 and t is not w else t for t in args
+        ]
+    shape = tuple(args[-1].shape)
+    cfg = f"bias=1;bn=1;bn_eps=1e-5;act=relu;residual=1;layout={layout}"
+    fn = compile_call("conv2d", args, cfg, shape, "float16")
+    got = torch.from_numpy(fn(*[tvm.runtime.tensor(t.contiguous().numpy()) for t in args]).numpy())
+    got = got.permute(0, 3, 1, 2) if layout == "nhwc" else got
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(got[finite], want[finite], rtol=2e-3, atol=2e-3)
 
 
 def test_float16_linear_layernorm_and_matmul_on_a_cpu_without_float16(monkeypatch):

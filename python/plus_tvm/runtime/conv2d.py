@@ -147,24 +147,37 @@ class Conv2d(LibraryKernel):
         self.folded.clear()
 
     def _run_widened(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
-        """float16 on a CPU without float16 instructions (:func:`widened_float16`): the float32
-        path (BatchNorm folded in float32, oneDNN or ATen as timed) on the parameters widened
-        once (the cache keeps them, so the fold and the packing are done once too), rounded to
-        float16 once at the end."""
-        params = 1 + cfg.bias + 4 * cfg.bn  # the weight, bias and statistics follow x
+        """float16 on a CPU without float16 instructions (:func:`widened_float16`): the
+        convolution (and its bias) in float32 (oneDNN or ATen as timed) on the parameters
+        widened once (the cache keeps them, so the packing is done once too), then rounded
+        where torch's float16 graph rounds: the convolution's result, the BatchNorm computed
+        in float32 on it, the activations and the residual add in float16 (an overflow
+        between the convolution and its BatchNorm is inf as in torch, not folded away)."""
+        x, w = inputs[0], inputs[1]
+        rest = list(inputs[2:])
+        bias = rest.pop(0) if cfg.bias else None
+        stats = [rest.pop(0) for _ in range(4)] if cfg.bn else None
+        residual = rest.pop(0) if cfg.residual else None
 
         def wide(t: torch.Tensor) -> torch.Tensor:
             hit = self.cache.get(t, ("float32",), lambda s: s.float()) if cfg.prepack else None
             return hit if hit is not None else t.float()
 
-        inputs = [
-            inputs[0].float(),
-            *(wide(t) for t in inputs[1 : 1 + params]),
-            *(t.float() for t in inputs[1 + params :]),
-        ]
+        plain = cfg._replace(bn=0, residual=0, act="none", post_act="none")
+        params = [wide(w), *([wide(bias)] if bias is not None else [])]
         result = torch.empty_like(out, dtype=torch.float32)
-        self.run(cfg, inputs, result)
-        out.copy_(result)
+        self.run(plain, [x.float(), *params], result)
+        y = result.to(torch.float16)
+        if stats is not None:
+            scale, shift = self._affine(cfg, None, stats)
+            shape = (-1,) if cfg.layout == "nhwc" else (-1, 1, 1)  # the channel axis
+            y = torch.addcmul(shift.view(shape), y.float(), scale.view(shape)).to(y.dtype)
+        apply_activation_(y, cfg.act)
+        if residual is not None:
+            torch.add(y, residual, out=out)
+        else:
+            out.copy_(y)
+        apply_activation_(out, cfg.post_act)
 
     def _affine(self, cfg, bias, stats) -> tuple[torch.Tensor, torch.Tensor]:
         """A half call's BatchNorm as float32 ``(s, (bias - mean) * s + beta)`` per channel,
