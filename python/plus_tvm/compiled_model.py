@@ -273,7 +273,7 @@ class CompiledModel:
     def prepare(self, *inputs: object) -> list:
         """Check inputs and place them on the device (separate so benchmarks can time runs)."""
         arrays = self.check_inputs(inputs)
-        self._vm()  # fail clearly before touching a missing device
+        self._check_device()  # fail clearly before touching a missing device
         try:
             return [self._input_tensor(a) for a in arrays]
         except TVM_REFUSAL as err:
@@ -338,11 +338,7 @@ class CompiledModel:
     def _vm(self) -> tuple:
         """This thread's VM and the shared weights on the device (weights refreshed when the
         torch parameters they came from changed in place)."""
-        if not self._device_seen and not self.device.exist:
-            raise PlusError(
-                f"cannot run a model compiled for {target_name(self.target)}: "
-                f"no {self.device} on this machine (export_library works without one)"
-            )
+        self._check_device()
         weights = self._current_weights()
         vm = getattr(self._local, "vm", None)
         if self._ran_in not in (None, os.getpid()):
@@ -374,6 +370,13 @@ class CompiledModel:
                 self._ran_in = os.getpid()
         self._device_seen = True  # (a device does not go away under a process)
         return vm, weights
+
+    def _check_device(self) -> None:
+        if not self._device_seen and not self.device.exist:
+            raise PlusError(
+                f"cannot run a model compiled for {target_name(self.target)}: "
+                f"no {self.device} on this machine (export_library works without one)"
+            )
 
     def _forked(self) -> None:
         """In a child forked after this model ran: OpenMP's pool runs on one thread here
