@@ -56,6 +56,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -272,11 +273,19 @@ class Winograd {
     return finite ? 0 : kNonFinite;
   }
 
-  static float Apply(Act act, float v) {
-    if (act == Act::kNone || v != v) return v;  // NaN stays NaN
-    v = v > 0.f ? v : 0.f;
-    return act == Act::kRelu6 && v > 6.f ? 6.f : v;
-  }
+  // An activation as the bounds it clamps to (none: -inf, inf; ReLU: 0, inf; ReLU6: 0, 6).
+  struct Clamp {
+    float lo, hi;
+    explicit Clamp(Act act)
+        : lo(act == Act::kNone ? -std::numeric_limits<float>::infinity() : 0.f),
+          hi(act == Act::kRelu6 ? 6.f : std::numeric_limits<float>::infinity()) {}
+    // Both tests are false for a NaN, so it stays NaN (as in torch); selects, not branches:
+    // the loops over channels vectorize without a mask built per element.
+    float operator()(float v) const {
+      v = v < lo ? lo : v;
+      return v > hi ? hi : v;
+    }
+  };
 
   // v[xi][c] = (B^T d B)[xi] for the 4x4 input tile d of tile t (``zero``: c zeros, the
   // padding).
@@ -378,6 +387,7 @@ class Winograd {
   __attribute__((target_clones("avx512f", "avx2", "default"))) static bool OutputTile(
       const float* m, int64_t o, const float* bias, const float* const* res, Act act,
       Act post_act, float* const* out) {
+    const Clamp first(act), last(post_act);
     float probe = 0.f;  // x * 0 is 0 for every number, NaN for an infinity or a NaN
     for (int64_t ch = 0; ch < o; ++ch) {
       float s[2][4];
@@ -394,14 +404,14 @@ class Winograd {
           y1 += add;
         }
         probe += (y0 + y1) * 0.f;
-        y0 = Apply(act, y0);
-        y1 = Apply(act, y1);
+        y0 = first(y0);
+        y1 = first(y1);
         if (res[0] != nullptr) {
           y0 += res[2 * i][ch];
           y1 += res[2 * i + 1][ch];
         }
-        out[2 * i][ch] = Apply(post_act, y0);
-        out[2 * i + 1][ch] = Apply(post_act, y1);
+        out[2 * i][ch] = last(y0);
+        out[2 * i + 1][ch] = last(y1);
       }
     }
     return probe == probe;
@@ -486,6 +496,7 @@ class Winograd {
   __attribute__((target_clones("avx512f", "avx2", "default"))) static bool OutputTile4(
       const float* m, int64_t o, const float* bias, const float* const* res, Act act,
       Act post_act, float* const* out) {
+    const Clamp first(act), last(post_act);
     float probe[kLanes] = {};  // x * 0: 0 for every number, NaN for an infinity or a NaN
     for (int64_t c0 = 0; c0 < o; c0 += kLanes) {
       const int n = static_cast<int>(std::min<int64_t>(kLanes, o - c0));
@@ -519,11 +530,11 @@ class Winograd {
         }
         for (int j = 0; j < 4; ++j) {
           float* __restrict__ dst = out[i * 4 + j] + c0;
-          const float* rp = res[0] != nullptr ? res[i * 4 + j] + c0 : nullptr;
-          for (int l = 0; l < n; ++l) {
-            float v = Apply(act, y[j][l]);
-            if (rp != nullptr) v += rp[l];
-            dst[l] = Apply(post_act, v);
+          if (res[0] != nullptr) {
+            const float* __restrict__ rp = res[i * 4 + j] + c0;
+            for (int l = 0; l < n; ++l) dst[l] = last(first(y[j][l]) + rp[l]);
+          } else {
+            for (int l = 0; l < n; ++l) dst[l] = last(first(y[j][l]));
           }
         }
       }
