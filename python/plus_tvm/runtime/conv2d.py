@@ -90,11 +90,12 @@ CONV2D_SPEC = ConfigSpec(
 )
 
 # The narrowest layer (fewer of input and output channels) that may run as Winograd, per CPU
-# (LLVM's ``-mcpu`` of the target), where the native kernel's own table (``winograd.h``,
-# measured on Zen 4) lets thinner layers take it but oneDNN's direct convolution is faster:
-# Zen 5 runs 512-bit FMAs at full width, so a direct 64-channel 3x3 layer at 56x56 takes 0.58
-# ms there against Winograd F(4x4)'s 0.87 (128 channels: even; 256 and 512: Winograd 1.3-2.3x).
-WINOGRAD_MIN_CHANNELS = {"znver5": 128}
+# (LLVM's ``-mcpu`` of the target), where the native kernel's own table (``winograd.h``) lets
+# thinner layers take it but oneDNN's direct convolution is faster there. Empty: on Zen 5,
+# where the table was measured, Winograd F(4x4) wins from 64 channels (a 64-channel 3x3 layer
+# at 56x56: 0.60 ms against direct 1.07, one thread); Zen 4 ran it 1.15x faster than direct
+# even before its output transform vectorized. (Zen 5 had 128 here until then.)
+WINOGRAD_MIN_CHANNELS: dict[str, int] = {}
 
 TRIAL_ROUNDS = 4
 MARGIN = 0.9

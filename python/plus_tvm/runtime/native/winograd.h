@@ -23,32 +23,36 @@
 // then has the call computed another way.
 //
 // Where each runs (Suits) and how it is chunked are decided by measurement (a CPU where
-// thinner layers run faster directly says so in runtime/conv2d.py's WINOGRAD_MIN_CHANNELS,
-// and the compiler then asks for winograd=0 there): this project's 2-core Zen 4 machine, one process alternating oneDNN's direct convolution and both tile sizes
-// on the same layer (NHWC, bias, ReLU, median of 7 rounds; 2026-11-27, ms):
+// thinner layers run faster directly may say so in runtime/conv2d.py's WINOGRAD_MIN_CHANNELS,
+// and the compiler then asks for winograd=0 there). This project's Zen 5 machine, one thread,
+// one process per algorithm (every size forced), best of two processes' best of 9 (ms;
+// 2026-11-28, bias + ReLU, NHWC):
 //
 //   layer (C->O @ HxW)   direct    F(2x2)          F(4x4)
-//   64->64 @224           16.7      24.3  0.72x     16.1  1.08x   (-> F(4x4))
-//   64->64 @112            4.26      5.77 0.74x      3.70 1.15x   (-> F(4x4))
-//   64->64 @56             1.07      1.56 0.69x      0.93 1.15x   (-> F(4x4))
-//   64->64 @28             0.25      0.32 0.80x      0.24 1.06x   (direct: too few tiles)
-//   128->128 @112         17.3      15.5  1.12x     10.4  1.67x   (-> F(4x4))
-//   128->128 @28           1.01      0.83 1.21x      0.56 1.79x   (-> F(4x4))
-//   128->128 @20           0.53      0.48 1.12x      0.34 1.57x   (-> F(4x4))
-//   256->256 @56          16.1      11.6  1.39x      8.03 2.01x   (-> F(4x4))
-//   256->256 @28           4.08      3.02 1.35x      2.01 2.03x   (-> F(4x4))
-//   256->256 @14           0.98      0.69 1.42x      0.68 1.43x   (-> F(2x2))
-//   512->512 @28          17.1      11.0  1.56x      7.29 2.35x   (-> F(4x4))
-//   512->512 @14           3.85      2.56 1.50x      3.14 1.23x   (-> F(2x2): 16 4x4 tiles)
-//   512->512 @7            0.88       -               -           (direct; 0.91x before)
+//   32->32 @112            1.28      2.17 0.59x      1.20 1.06x   (direct: too thin)
+//   64->64 @112            4.56      5.42 0.84x      3.64 1.25x   (-> F(4x4))
+//   64->64 @56             1.07      1.17 0.91x      0.60 1.78x   (-> F(4x4))
+//   64->64 @28             0.265     0.312 0.85x     0.176 1.51x  (-> F(4x4))
+//   64->64 @14             0.068     0.088 0.77x     0.065 1.05x  (direct: too few tiles)
+//   128->128 @56           4.16      3.62 1.15x      1.93 2.16x   (-> F(4x4))
+//   128->128 @28           0.99      0.80 1.24x      0.46 2.17x   (-> F(4x4))
+//   128->128 @14           0.241     0.221 1.09x     0.156 1.54x  (-> F(4x4))
+//   128->128 @7            0.059     0.079 0.75x     0.060 0.98x  (direct)
+//   256->256 @28           3.84      2.76 1.39x      1.74 2.21x   (-> F(4x4))
+//   256->256 @14           0.89      0.65 1.38x      0.47 1.90x   (-> F(4x4))
+//   256->256 @7            0.209     0.212 0.99x     0.158 1.33x  (direct: too few tiles)
+//   512->512 @14           3.47      2.45 1.42x      2.52 1.38x   (-> F(4x4))
+//   512->512 @7            0.79      0.79 0.99x      1.63 0.48x   (direct)
 //
-// F(2x2) loses on 64 channels (the transforms cost in proportion to C + O, the GEMMs to C x O,
-// and oneDNN's GEMMs are slow at K, N = 64); F(4x4) does a quarter of the direct multiplications
-// and wins there too once there are enough tiles; a 14x14 output makes 16 4x4 tiles (a third of
-// them padding) and GEMMs of 16 rows, where F(2x2)'s 49 tiles do better. Max abs error on
-// outputs up to 7: direct 1e-5, F(2x2) 4e-6, F(4x4) 3e-5 to 1e-4 (its transforms multiply by up
-// to 8 and divide by 24). Chunks per thread instead of the team's took F(2x2) 128->128 @112 from
-// 0.85x to 1.16x and 256->256 @56 from 1.25x to 1.43x, and lost on the small layers.
+// (Measured before on Zen 4, with an output transform that did not vectorize, F(4x4) lost
+// to F(2x2) on 14x14 outputs and to the direct convolution on thin layers: that epilogue was
+// more than half of F(4x4)'s time.) F(4x4) does a quarter of the direct multiplications; its
+// transformed weights are 4x the direct ones, so with few tiles (7x7 outputs: 4) its GEMMs
+// stream more weight bytes than they compute with. F(2x2) is left for outputs of fewer 4x4
+// tiles but enough 2x2 ones. Max abs error on outputs up to 7: direct 1e-5, F(2x2) 4e-6,
+// F(4x4) 3e-5 to 1e-4 (its transforms multiply by up to 8 and divide by 24). Chunks per thread
+// instead of the team's took F(2x2) 128->128 @112 from 0.85x to 1.16x and 256->256 @56 from
+// 1.25x to 1.43x (Zen 4), and lost on the small layers.
 #ifndef PLUS_TVM_NATIVE_WINOGRAD_H_
 #define PLUS_TVM_NATIVE_WINOGRAD_H_
 
@@ -72,9 +76,9 @@ class Winograd {
   static constexpr int64_t kMinChannels = 128;    // F(2x2)
   static constexpr int64_t kMinTiles = 40;
   static constexpr int64_t kMinChannels4 = 128;   // F(4x4)
-  static constexpr int64_t kMinTiles4 = 25;
+  static constexpr int64_t kMinTiles4 = 16;
   static constexpr int64_t kThinChannels4 = 64;   // F(4x4) on 64 to 127 channels
-  static constexpr int64_t kThinMinTiles4 = 100;
+  static constexpr int64_t kThinMinTiles4 = 49;
   // Chunks: with V and M of the whole layer within kTeamBytes, or more than kThreadMaxChannels
   // channels in and out together, chunks of about kChunkBytes each (V or M) run one after the
   // other, each step on the whole OpenMP team; otherwise each thread takes whole chunks of
