@@ -450,46 +450,57 @@ class Winograd {
 
   static constexpr int kLanes = 16;  // channels per block of the F(4x4) transforms
 
-  // v[p][c] = (B^T d B)[p] for a 6x6 input tile, 16 channels at a time.
+  // 16 floats as one value (GCC's vector extension: one AVX-512 register, two AVX2 ones, or
+  // four SSE ones, as the clone is compiled for); loads and stores unaligned.
+  typedef float Vec16 __attribute__((vector_size(64)));
+  static Vec16 Load16(const float* p) {
+    Vec16 v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  }
+  static void Store16(float* p, Vec16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+  // One row of B^T x B's 1-D step: (B^T x) for the six values x0..x5 (scalars or vectors).
+  template <typename T>
+  static void BT6(T x0, T x1, T x2, T x3, T x4, T x5, T* e) {
+    e[0] = 4.f * x0 - 5.f * x2 + x4;
+    e[1] = x3 + x4 - 4.f * (x1 + x2);
+    e[2] = x4 - x3 + 4.f * (x1 - x2);
+    e[3] = x4 - x2 + 2.f * (x3 - x1);
+    e[4] = x4 - x2 + 2.f * (x1 - x3);
+    e[5] = 4.f * x1 - 5.f * x3 + x5;
+  }
+
+  // v[p][c] = (B^T d B)[p] for a 6x6 input tile, 16 channels at a time (a vector each; the
+  // last block of a channel count not a multiple of 16 channel by channel).
   __attribute__((target_clones("avx512f", "avx2", "default"))) static void TransformTile4(
       const float* const (*d)[6], int64_t c, float* out) {
-    for (int64_t c0 = 0; c0 < c; c0 += kLanes) {
-      const int n = static_cast<int>(std::min<int64_t>(kLanes, c - c0));
-      float e[6][6][kLanes];  // B^T d
+    int64_t c0 = 0;
+    for (; c0 + kLanes <= c; c0 += kLanes) {
+      Vec16 e[6][6];  // e[i][j] = (B^T d)[i][j]
       for (int j = 0; j < 6; ++j) {
-        const float* __restrict__ r0 = d[0][j] + c0;
-        const float* __restrict__ r1 = d[1][j] + c0;
-        const float* __restrict__ r2 = d[2][j] + c0;
-        const float* __restrict__ r3 = d[3][j] + c0;
-        const float* __restrict__ r4 = d[4][j] + c0;
-        const float* __restrict__ r5 = d[5][j] + c0;
-        for (int l = 0; l < n; ++l) {
-          float x0 = r0[l], x1 = r1[l], x2 = r2[l], x3 = r3[l], x4 = r4[l], x5 = r5[l];
-          e[0][j][l] = 4.f * x0 - 5.f * x2 + x4;
-          e[1][j][l] = x3 + x4 - 4.f * (x1 + x2);
-          e[2][j][l] = x4 - x3 + 4.f * (x1 - x2);
-          e[3][j][l] = x4 - x2 + 2.f * (x3 - x1);
-          e[4][j][l] = x4 - x2 + 2.f * (x1 - x3);
-          e[5][j][l] = 4.f * x1 - 5.f * x3 + x5;
-        }
+        Vec16 col[6];
+        BT6(Load16(d[0][j] + c0), Load16(d[1][j] + c0), Load16(d[2][j] + c0),
+            Load16(d[3][j] + c0), Load16(d[4][j] + c0), Load16(d[5][j] + c0), col);
+        for (int i = 0; i < 6; ++i) e[i][j] = col[i];
       }
       for (int i = 0; i < 6; ++i) {
-        float* __restrict__ o0 = out + (i * 6 + 0) * c + c0;
-        float* __restrict__ o1 = out + (i * 6 + 1) * c + c0;
-        float* __restrict__ o2 = out + (i * 6 + 2) * c + c0;
-        float* __restrict__ o3 = out + (i * 6 + 3) * c + c0;
-        float* __restrict__ o4 = out + (i * 6 + 4) * c + c0;
-        float* __restrict__ o5 = out + (i * 6 + 5) * c + c0;
-        for (int l = 0; l < n; ++l) {
-          float x0 = e[i][0][l], x1 = e[i][1][l], x2 = e[i][2][l], x3 = e[i][3][l],
-                x4 = e[i][4][l], x5 = e[i][5][l];
-          o0[l] = 4.f * x0 - 5.f * x2 + x4;
-          o1[l] = x3 + x4 - 4.f * (x1 + x2);
-          o2[l] = x4 - x3 + 4.f * (x1 - x2);
-          o3[l] = x4 - x2 + 2.f * (x3 - x1);
-          o4[l] = x4 - x2 + 2.f * (x1 - x3);
-          o5[l] = 4.f * x1 - 5.f * x3 + x5;
-        }
+        Vec16 row[6];
+        BT6(e[i][0], e[i][1], e[i][2], e[i][3], e[i][4], e[i][5], row);
+        for (int j = 0; j < 6; ++j) Store16(out + (i * 6 + j) * c + c0, row[j]);
+      }
+    }
+    for (int64_t ch = c0; ch < c; ++ch) {
+      float e[6][6];
+      for (int j = 0; j < 6; ++j) {
+        float col[6];
+        BT6(d[0][j][ch], d[1][j][ch], d[2][j][ch], d[3][j][ch], d[4][j][ch], d[5][j][ch], col);
+        for (int i = 0; i < 6; ++i) e[i][j] = col[i];
+      }
+      for (int i = 0; i < 6; ++i) {
+        float row[6];
+        BT6(e[i][0], e[i][1], e[i][2], e[i][3], e[i][4], e[i][5], row);
+        for (int j = 0; j < 6; ++j) out[(i * 6 + j) * c + ch] = row[j];
       }
     }
   }
