@@ -29,24 +29,25 @@
 // 2026-11-28, bias + ReLU, NHWC):
 //
 //   layer (C->O @ HxW)   direct    F(2x2)          F(4x4)
-//   32->32 @112            1.28      2.17 0.59x      1.20 1.06x   (direct: too thin)
-//   64->64 @112            4.56      5.42 0.84x      3.64 1.25x   (-> F(4x4))
-//   64->64 @56             1.07      1.17 0.91x      0.60 1.78x   (-> F(4x4))
-//   64->64 @28             0.265     0.312 0.85x     0.176 1.51x  (-> F(4x4))
-//   64->64 @14             0.068     0.088 0.77x     0.065 1.05x  (direct: too few tiles)
-//   128->128 @56           4.16      3.62 1.15x      1.93 2.16x   (-> F(4x4))
-//   128->128 @28           0.99      0.80 1.24x      0.46 2.17x   (-> F(4x4))
-//   128->128 @14           0.241     0.221 1.09x     0.156 1.54x  (-> F(4x4))
-//   128->128 @7            0.059     0.079 0.75x     0.060 0.98x  (direct)
-//   256->256 @28           3.84      2.76 1.39x      1.74 2.21x   (-> F(4x4))
-//   256->256 @14           0.89      0.65 1.38x      0.47 1.90x   (-> F(4x4))
-//   256->256 @7            0.209     0.212 0.99x     0.158 1.33x  (direct: too few tiles)
-//   512->512 @14           3.47      2.45 1.42x      2.52 1.38x   (-> F(4x4))
-//   512->512 @7            0.79      0.79 0.99x      1.63 0.48x   (direct)
+//   32->32 @112            1.33      2.14 0.62x      0.98 1.35x   (direct: too thin)
+//   64->64 @112            4.88      5.25 0.93x      2.82 1.73x   (-> F(4x4))
+//   64->64 @56             1.07      1.22 0.88x      0.52 2.07x   (-> F(4x4))
+//   64->64 @28             0.269     0.315 0.85x     0.154 1.75x  (-> F(4x4))
+//   64->64 @14             0.070     0.088 0.79x     0.060 1.16x  (-> F(4x4))
+//   64->64 @7              0.020     0.034 0.59x     0.029 0.69x  (direct)
+//   128->128 @56           4.20      3.60 1.17x      1.70 2.48x   (-> F(4x4))
+//   128->128 @28           0.98      0.82 1.19x      0.42 2.34x   (-> F(4x4))
+//   128->128 @14           0.241     0.221 1.09x     0.146 1.65x  (-> F(4x4))
+//   128->128 @7            0.059     0.079 0.75x     0.058 1.01x  (direct)
+//   256->256 @28           3.98      2.63 1.52x      1.53 2.61x   (-> F(4x4))
+//   256->256 @14           0.91      0.65 1.40x      0.43 2.10x   (-> F(4x4))
+//   256->256 @7            0.214     0.212 1.01x     0.149 1.43x  (direct: too few tiles)
+//   512->512 @14           3.61      2.40 1.51x      2.42 1.49x   (-> F(4x4))
+//   512->512 @7            0.80      0.78 1.02x      1.55 0.52x   (direct)
 //
-// (Measured before on Zen 4, with an output transform that did not vectorize, F(4x4) lost
-// to F(2x2) on 14x14 outputs and to the direct convolution on thin layers: that epilogue was
-// more than half of F(4x4)'s time.) F(4x4) does a quarter of the direct multiplications; its
+// (Measured before on Zen 4, with transforms that did not vectorize, F(4x4) lost to F(2x2)
+// on 14x14 outputs and to the direct convolution on thin layers: its output transform was
+// more than half of its time, its input transform scalar.) F(4x4) does a quarter of the direct multiplications; its
 // transformed weights are 4x the direct ones, so with few tiles (7x7 outputs: 4) its GEMMs
 // stream more weight bytes than they compute with. F(2x2) is left for outputs of fewer 4x4
 // tiles but enough 2x2 ones. Max abs error on outputs up to 7: direct 1e-5, F(2x2) 4e-6,
@@ -75,10 +76,8 @@ class Winograd {
   // and the number of output tiles of that size, all images together.
   static constexpr int64_t kMinChannels = 128;    // F(2x2)
   static constexpr int64_t kMinTiles = 40;
-  static constexpr int64_t kMinChannels4 = 128;   // F(4x4)
+  static constexpr int64_t kMinChannels4 = 64;    // F(4x4)
   static constexpr int64_t kMinTiles4 = 16;
-  static constexpr int64_t kThinChannels4 = 64;   // F(4x4) on 64 to 127 channels
-  static constexpr int64_t kThinMinTiles4 = 49;
   // Chunks: with V and M of the whole layer within kTeamBytes, or more than kThreadMaxChannels
   // channels in and out together, chunks of about kChunkBytes each (V or M) run one after the
   // other, each step on the whole OpenMP team; otherwise each thread takes whole chunks of
@@ -112,8 +111,7 @@ class Winograd {
       return out[0] * ((out[1] + size - 1) / size) * ((out[2] + size - 1) / size);
     };
     int64_t narrow = std::min(c, out[3]);
-    if ((narrow >= kMinChannels4 && tiles(4) >= kMinTiles4) ||
-        (narrow >= kThinChannels4 && tiles(4) >= kThinMinTiles4)) {
+    if (narrow >= kMinChannels4 && tiles(4) >= kMinTiles4) {
       *m = 4;
     } else if (narrow >= kMinChannels && tiles(2) >= kMinTiles) {
       *m = 2;
