@@ -119,6 +119,49 @@ def test_a_half_convolution_takes_its_batch_norm_and_relu(dtype):
     assert not [g for g in stats["groups"] if "batch_norm" in g["ops"]], stats["groups"]
 
 
+class _ConvBnSiluHead(torch.nn.Module):
+    """EfficientNet's expansion, depthwise convolution and head: each Conv + BatchNorm +
+    SiLU, then the mean over the image."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            [
+                torch.nn.Conv2d(8, 16, 1, bias=False),
+                torch.nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False),
+                torch.nn.Conv2d(16, 24, 1, bias=False),
+            ]
+        )
+        self.bns = torch.nn.ModuleList([torch.nn.BatchNorm2d(c) for c in (16, 16, 24)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv, bn in zip(self.convs, self.bns):
+            x = torch.nn.functional.silu(bn(conv(x)))
+        return x.mean(dim=(2, 3))
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_a_half_convolution_takes_its_silu_after_the_batch_norm(dtype):
+    """A half SiLU computes in float32 between two casts (``x * sigmoid(x)`` after widening
+    the BatchNorm's rounded result): it joins the convolution's call (``act=silu``) rather than
+    running as a TIR kernel, and the mean after it (which widens the SiLU's rounding again)
+    does not pull the convolution out of the library; as accurate as torch."""
+    torch.manual_seed(0)
+    model = _ConvBnSiluHead().eval()
+    with torch.no_grad():
+        for bn in model.bns:
+            bn.running_mean.normal_(0, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(1, 8, 10, 10)
+    plus_err, torch_err, _ = _errors(model, (x,), DTYPES[dtype])
+    assert plus_err <= bound(torch_err, dtype), (plus_err, torch_err)
+    half = copy.deepcopy(model).to(DTYPES[dtype])
+    stats = plus_tvm.inspect(half, example_args=(x.to(DTYPES[dtype]),))
+    assert stats["kernel_names"].get("plus.conv2d") == 3
+    tir = [n for n in stats["kernel_names"] if not n.startswith("plus.")]
+    assert not [n for n in tir if "sigmoid" in n or "conv2d" in n], tir
+
+
 class _NewGelu(torch.nn.Module):
     """GPT-2's ``gelu_new``, written out (its constants round to the half dtype)."""
 

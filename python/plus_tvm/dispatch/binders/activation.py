@@ -58,6 +58,16 @@ def _float_cast(source: relax.Expr, result: relax.Expr) -> bool:
     return str(source.ty.dtype) in _FLOATS and str(result.ty.dtype) in _FLOATS
 
 
+def _trailing_cast(ctx: Ctx, inside: list[int], dtype: str) -> bool:
+    """The last operator taken is a cast away from ``dtype`` that nothing taken reads."""
+    last = inside[-1]
+    return (
+        ctx.op(last) == "relax.astype"
+        and str(ctx.var(last).ty.dtype) != dtype
+        and not any(c in inside for c in ctx.g.nodes[last].consumers)
+    )
+
+
 def recognise_activation(
     ctx: Ctx, start: int, absorbed: list[int], anywhere: bool = False
 ) -> tuple[str, int, list[int]] | None:
@@ -109,6 +119,11 @@ def recognise_activation(
         inside.append(i)
         values[ctx.var(i).id_] = result
         pending.extend(sorted(ctx.g.nodes[i].consumers))
+    # the result has the call's dtype: casts after it (a half model's rounding widened again
+    # for the next float32 operator) are the next operator's
+    dtype = str(src.ty.dtype)
+    while inside and _trailing_cast(ctx, inside, dtype):
+        inside.pop()
     if not inside:
         return None
     # a single result: every other operator is used only inside the set
@@ -120,6 +135,8 @@ def recognise_activation(
     if len(sinks) != 1 or any(c not in inside for c in ctx.g.nodes[start].consumers):
         return None
     sink = sinks[0]
+    if str(ctx.var(sink).ty.dtype) != dtype:
+        return None
     got = values[ctx.var(sink).id_]
     rtol = max(tolerance, half_tolerance)
     atol = half_tolerance or tolerance / 10

@@ -142,7 +142,8 @@ class _Epilogue:
             if (nxt is None or self.half is not None) and self.stats is None:
                 if self.act == "none" and self.residual is None and self.batch_norm():
                     continue
-            if nxt is None and self.written_out_activation():
+            # (a half model's written-out activation starts with its widening cast)
+            if (nxt is None or ctx.op(nxt) == "relax.astype") and self.written_out_activation():
                 continue
             if nxt is None or not self.absorb(nxt):
                 return
