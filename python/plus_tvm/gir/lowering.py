@@ -272,6 +272,13 @@ def staged_blocks(sch: s_tir.Schedule, merged: list[str]) -> set[str]:
         for c in sch.get_consumers(rv[n]):
             uses[n].append(sch.get(c).name_hint)
             producers[sch.get(c).name_hint].append(n)
+    # a block that reads bfloat16 (a half model's widening cast): inlined under a replaced
+    # function it would put a bfloat16 value in the function's Let, which keeps TVM's own
+    # scalar function (_touches_bf16); kept as a float32 buffer next to its consumer instead
+    # (not in a kernel that transposes: its tiles' vector loops bound the fast functions'
+    # Let twice, which TVM's VectorizeLoop refuses; such a kernel keeps TVM's functions)
+    tiled = any(permuted_reads(sch.get(rv[n])) for n in order)
+    reads_bf16 = {n: not tiled and _touches_bf16(sch.get(rv[n]).body) for n in order}
     staged: set[str] = set()
 
     def inlined(n: str) -> bool:
@@ -284,7 +291,7 @@ def staged_blocks(sch: s_tir.Schedule, merged: list[str]) -> set[str]:
         above: dict[str, bool] = {}
         for n in reversed(order):  # a function applied over n's expression
             above[n] = any(own[c] or (inlined(c) and above[c]) for c in uses[n])
-        must = [n for n in order if inlined(n) and below[n] and above[n]]
+        must = [n for n in order if inlined(n) and (below[n] or reads_bf16[n]) and above[n]]
         if not must:
             return staged
         staged.add(must[0])
