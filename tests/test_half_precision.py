@@ -185,6 +185,21 @@ def test_a_written_out_gelu_joins_the_half_linear(dtype):
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("act", [torch.nn.GELU(), torch.nn.GELU("tanh"), torch.nn.SiLU()])
+def test_a_half_activation_between_casts_joins_the_linear(dtype, act):
+    """A half GELU / SiLU computes in float32 between two casts (torch_half.FLOAT32_OPS):
+    the linear takes it as its epilogue past the widening cast, no element-wise kernel left."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), act, torch.nn.Linear(64, 32)).eval()
+    x = torch.randn(4, 32)
+    plus_err, torch_err, _ = _errors(model, (x,), DTYPES[dtype])
+    assert plus_err <= bound(torch_err, dtype), (plus_err, torch_err)
+    half = copy.deepcopy(model).to(DTYPES[dtype])
+    stats = plus_tvm.inspect(half, example_args=(x.to(DTYPES[dtype]),))
+    assert stats["kernel_names"] == {"plus.linear": 2}, stats["kernel_names"]
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_nan_goes_through_max_and_relu_in_half(dtype):
     model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.MaxPool1d(2))
     x = torch.tensor([[[1.0, float("nan"), -2.0, 3.0]]], dtype=DTYPES[dtype])

@@ -25,6 +25,12 @@ _UNARY = {
     "relax.negative": np.negative,
     "relax.erf": np.vectorize(math.erf),
     "relax.nn.relu": lambda v: np.maximum(v, 0.0),
+    # (a half model's activations are float32 ops between casts: torch_half.FLOAT32_OPS)
+    "relax.nn.gelu": lambda v: 0.5 * v * (1.0 + np.vectorize(math.erf)(v / math.sqrt(2.0))),
+    "relax.nn.gelu_tanh": lambda v: (
+        0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v**3)))
+    ),
+    "relax.nn.silu": lambda v: v / (1.0 + np.exp(-v)),
 }
 _BINARY = {
     "relax.add": np.add,
