@@ -65,3 +65,20 @@ def test_a_cuda_model_takes_cuda_tensors_and_returns_cuda_tensors():
     got = cm(x.cuda())
     assert got.device.type == "cuda"
     torch.testing.assert_close(got.cpu(), model(x), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_aligned_host_tensor_is_handed_over_without_a_copy(dtype):
+    """A CPU torch tensor (aligned, contiguous, writable) reaches the VM by DLPack, bfloat16
+    too (numpy has no DLPack code for it: the same memory goes as a torch tensor), so a
+    decode step's bfloat16 cache is not copied at every token."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64)).eval().to(dtype)
+    x = torch.randn(4, 64).to(dtype)
+    base = torch.empty(4 * 64 + 64, dtype=dtype)  # a 64-byte aligned start inside it
+    skip = next(i for i in range(64) if base[i:].data_ptr() % 64 == 0)
+    aligned = base[skip : skip + 4 * 64].view(4, 64)
+    aligned.copy_(x)
+    cm = plus_tvm.compile(model, example_args=(x,))
+    (placed,) = cm.prepare(aligned)
+    assert placed.data_ptr() == aligned.data_ptr()
+    torch.testing.assert_close(cm(aligned), model(x))

@@ -53,6 +53,7 @@ from .signature import (
     SIGNATURE_FUNCTION,
     InputSpec,
     as_numpy,
+    bfloat16_view,
     check_inputs,
     signature_text,
 )
@@ -298,8 +299,11 @@ class CompiledModel:
             and array.ctypes.data % _ALIGNMENT == 0
         ):
             try:
-                return tvm.runtime.from_dlpack(array)
-            except (BufferError, *TVM_REFUSAL):  # a dtype DLPack has no code for (bfloat16)
+                # (numpy has no DLPack code for ml_dtypes' bfloat16: the same memory as a
+                # torch tensor, which has one; a decode step's bfloat16 cache is not copied)
+                source = bfloat16_view(array) if str(array.dtype) == "bfloat16" else array
+                return tvm.runtime.from_dlpack(source)
+            except (BufferError, *TVM_REFUSAL):  # a dtype DLPack has no code for
                 pass
         return tvm.runtime.tensor(array, self.device)
 

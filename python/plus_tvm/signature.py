@@ -125,6 +125,13 @@ def dtype_name(arr: object) -> str:
     return str(arr.dtype).removeprefix("torch.")
 
 
+def bfloat16_view(array: np.ndarray) -> object:
+    """An ml_dtypes bfloat16 array as a torch bfloat16 tensor on the same memory (no copy)."""
+    import torch
+
+    return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+
+
 def as_numpy(value: object) -> np.ndarray:
     """``value`` (numpy array, torch tensor, TVM tensor, nested list) as a numpy array."""
     if isinstance(value, np.ndarray):
