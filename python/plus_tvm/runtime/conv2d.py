@@ -168,17 +168,8 @@ class Conv2d(LibraryKernel):
         params = [wide(w), *([wide(bias)] if bias is not None else [])]
         result = torch.empty_like(out, dtype=torch.float32)
         self.run(plain, [x.float(), *params], result)
-        y = result.to(torch.float16)
-        if stats is not None:
-            scale, shift = self._affine(cfg, None, stats)
-            shape = (-1,) if cfg.layout == "nhwc" else (-1, 1, 1)  # the channel axis
-            y = torch.addcmul(shift.view(shape), y.float(), scale.view(shape)).to(y.dtype)
-        apply_activation_(y, cfg.act)
-        if residual is not None:
-            torch.add(y, residual, out=out)
-        else:
-            out.copy_(y)
-        apply_activation_(out, cfg.post_act)
+        channels = (-1,) if cfg.layout == "nhwc" else (-1, 1, 1)  # the channel axis
+        self._half_epilogue(cfg, result.to(torch.float16), stats, residual, out, channels)
 
     def _affine(self, cfg, bias, stats) -> tuple[torch.Tensor, torch.Tensor]:
         """A half call's BatchNorm as float32 ``(s, (bias - mean) * s + beta)`` per channel,
@@ -201,11 +192,18 @@ class Conv2d(LibraryKernel):
         rounded once to the half dtype, the BatchNorm in float32 and rounded once (folding it
         into the half weight would round the weight once more: MobileNetV2 in float16 was 3x
         torch's error), then the activations and the residual in the half dtype."""
-        scale, shift = self._affine(cfg, None, stats)
         xs, padding = self._symmetric(cfg, x)
         y = F.conv2d(xs, w, bias, cfg.stride, padding, cfg.dilation, cfg.groups)
-        shape = (-1, 1, 1)  # the channel axis of the NCHW(-shaped) result
-        y = torch.addcmul(shift.view(shape), y.float(), scale.view(shape)).to(y.dtype)
+        self._half_epilogue(cfg, y, stats, residual, out, (-1, 1, 1))  # (NCHW-shaped)
+
+    def _half_epilogue(self, cfg, y, stats, residual, out, channels: tuple) -> None:
+        """A half convolution's rounded result ``y`` on to ``out`` as torch computes it: its
+        BatchNorm (if any) in float32 and rounded once, the activation, the residual add and
+        the second activation in the half dtype. ``channels``: the view that lays a
+        per-channel vector along ``y``'s channel axis."""
+        if stats is not None:
+            scale, shift = self._affine(cfg, None, stats)
+            y = torch.addcmul(shift.view(channels), y.float(), scale.view(channels)).to(y.dtype)
         apply_activation_(y, cfg.act)
         if residual is not None:
             torch.add(y, residual, out=out)
