@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from _shared_gpu import cuda_on_the_cpu
 from plus_tvm import accuracy
 from plus_tvm.errors import InternalCompileError, PlusError
 from plus_tvm.gpu import bundle as gpu_bundle
@@ -257,15 +258,7 @@ def test_the_check_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     gpu_bundle.build_bundle(
         out, ["vgg16-tiny"], ["plus-auto"], dtypes=["bf16"], log=lambda m: None, isolate=False
     )
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
-    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
-    for name, fn in {
-        "is_available": lambda: True,
-        "get_device_name": lambda *a: "CPU",
-        "synchronize": lambda *a: None,
-        "mem_get_info": lambda *a: (0, 0),
-    }.items():
-        monkeypatch.setattr(torch.cuda, name, fn)
+    cuda_on_the_cpu(monkeypatch)
     res = str(tmp_path / "res")
     args = ["--runs", "2", "--warmup", "1", "--rounds", "1", "--peers", "eager"]
     assert check.main(["--bundle", out, "--out", res, *args]) == 0

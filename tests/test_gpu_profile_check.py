@@ -9,6 +9,7 @@ import json
 import os
 
 import torch
+from _shared_gpu import cuda_on_the_cpu
 from plus_tvm.gpu import bundle as gpu_bundle
 from plus_tvm.gpu import check
 from plus_tvm.gpu import profile as gpu_profile
@@ -30,15 +31,7 @@ def _cpu_ops_as_kernels(function_events, mark=gpu_profile.MARK):
 
 
 def _cuda_on_the_cpu(monkeypatch):
-    for name, fn in {
-        "is_available": lambda: True,
-        "get_device_name": lambda *a: "CPU",
-        "synchronize": lambda *a: None,
-        "mem_get_info": lambda *a: (0, 0),
-    }.items():
-        monkeypatch.setattr(torch.cuda, name, fn)
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
-    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    cuda_on_the_cpu(monkeypatch)
     monkeypatch.setattr(check, "PROFILER_ACTIVITIES", ("CPU",))  # (this torch has no CUDA)
 
 
