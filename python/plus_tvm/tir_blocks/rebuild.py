@@ -16,6 +16,8 @@ import tvm
 from tvm import tirx
 from tvm.ir.prim.expr import BinaryOpExpr
 
+from .symbolic_divmod import fold_divmod
+
 Replace = Callable[[tvm.ir.Expr], "tvm.ir.Expr | None"]
 
 
@@ -168,18 +170,23 @@ def simplify_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
     Relax's ``FuseTIR`` leaves a reshape's index arithmetic as written: a ``[1, n, d]`` to
     ``[n, d]`` reshape reads ``x[0, (j // d + i) % n, j % d]``, which is ``x[0, i, j]`` for
     ``i < n, j < d``; analyses that classify reads by their indices then see a gather.
+    Over symbolic sizes the analyzer keeps ``(i * n + j) % (b * n)``, which
+    :func:`~plus_tvm.tir_blocks.symbolic_divmod.fold_divmod` folds.
     """
 
     def on_block(block: object, visit: Callable) -> object:
         analyzer = tvm.sym.Analyzer()  # per block: it knows this block's iterators only
         for iv in block.iter_vars:
             analyzer.bind(iv.var, iv.dom)
+        extents = {iv.var: iv.dom.extent for iv in block.iter_vars if _is_zero(iv.dom.min)}
 
         def replace(e: tvm.ir.Expr) -> tvm.ir.Expr | None:
             if not isinstance(e, tvm.ir.TensorLoad):
                 return None
             indices = [  # plain iterators stay (a unit one is not folded to 0)
-                i if isinstance(i, (tirx.Var, tirx.IntImm)) else analyzer.simplify(i)
+                i
+                if isinstance(i, (tirx.Var, tirx.IntImm))
+                else fold_divmod(analyzer.simplify(i), extents)
                 for i in e.indices
             ]
             if all(tvm_structural_equal(a, b) for a, b in zip(indices, e.indices)):
@@ -201,6 +208,10 @@ def replace_blocks(func: tirx.PrimFunc, new: dict) -> tirx.PrimFunc:
 
     body = _map_block_tree(func.body, on_block)
     return func if body.same_as(func.body) else func.with_body(body)
+
+
+def _is_zero(e: tvm.ir.Expr) -> bool:
+    return isinstance(e, tirx.IntImm) and int(e) == 0
 
 
 def _unchanged(e: tvm.ir.Expr) -> None:
