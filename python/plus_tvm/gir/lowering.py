@@ -244,7 +244,7 @@ def _math_target(n: object) -> bool:
     )
 
 
-def _has_math(block: s_tir.SBlock) -> bool:
+def has_math(block: s_tir.SBlock) -> bool:
     found: list[object] = []
     walk_expr(block.body, lambda n: found.append(n) if _math_target(n) else None)
     return bool(found)
@@ -264,7 +264,7 @@ def staged_blocks(sch: s_tir.Schedule, merged: list[str]) -> set[str]:
     roots = sch.get_child_blocks(sch.get_sblock("root"))
     order = [sch.get(b).name_hint for b in roots]
     rv = dict(zip(order, roots))
-    own = {n: _has_math(sch.get(rv[n])) for n in order}
+    own = {n: has_math(sch.get(rv[n])) for n in order}
     names = set(merged)
     uses: dict[str, list[str]] = {n: [] for n in order}
     producers: dict[str, list[str]] = {n: [] for n in order}
@@ -277,7 +277,7 @@ def staged_blocks(sch: s_tir.Schedule, merged: list[str]) -> set[str]:
     # scalar function (_touches_bf16); kept as a float32 buffer next to its consumer instead
     # (not in a kernel that transposes: its tiles' vector loops bound the fast functions'
     # Let twice, which TVM's VectorizeLoop refuses; such a kernel keeps TVM's functions)
-    tiled = any(permuted_reads(sch.get(rv[n])) for n in order)
+    tiled = any(_transposes(sch.get(rv[n])) for n in order)
     reads_bf16 = {n: not tiled and _touches_bf16(sch.get(rv[n]).body) for n in order}
     staged: set[str] = set()
 
@@ -327,6 +327,21 @@ def vectorizable_math(sch: s_tir.Schedule) -> int:
         sch.state.replace(sch.get_sref(brv), new, {block: new})
         changed += 1
     return changed
+
+
+def _transposes(block: s_tir.SBlock) -> bool:
+    """Whether a load of ``block`` walks its buffer in another order than the block's
+    iterators. From the loads themselves, not the block's read regions: those keep a
+    reshape's index arithmetic as FuseTIR wrote it (``x[(k // d + i * n + j) % (b * n), k % d]``
+    names ``k`` first) after ``simplify_indices`` folded the load to ``x[i * n + j, k]``."""
+    position = {iv.var: pos for pos, iv in enumerate(block.iter_vars)}
+    found: list[object] = []
+    walk_expr(block.body, lambda n: found.append(n) if isinstance(n, tvm.ir.TensorLoad) else None)
+    for load in found:
+        order = [position[v] for i in load.indices for v in expr_vars(i) if v in position]
+        if order != sorted(order):
+            return True
+    return False
 
 
 def permuted_reads(block: s_tir.SBlock) -> list[int]:
