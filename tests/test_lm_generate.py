@@ -1,21 +1,20 @@
 """plus_tvm.compile_lm / CompiledLM.generate (issue 38): greedy tokens identical to
 transformers' generate on the same random weights (batch 1 and a left-padded batch 2), eos and
 padding, sampling, the two compiled steps in a loop of one's own, the KV cache's stats and
-reuse, the CLI and the bench function. One compile per family (module fixtures); the other
-decoder families of arch_suite are the ``slow`` sweep at the end."""
+reuse, the CLI and the bench function. One compile per family for the whole session
+(tests/_shared_lm.py); the other decoder families of arch_suite are the ``slow`` sweep at the
+end."""
 
 from __future__ import annotations
 
 import json
 
-import plus_tvm
 import pytest
 import torch
 from _shared_lm import MAX_BATCH, MAX_LENGTH, compiled_lm
 from plus_tvm.cli import main as cli_main
 from plus_tvm.lm import CompiledLM
 from plus_tvm.lm.bench import bench_generate
-from plus_tvm.lm.models import load_causal_lm
 
 NEW = 12
 
@@ -35,11 +34,6 @@ def _reference(model, ids, mask, new=NEW, **kwargs) -> torch.Tensor:
         return model.generate(
             ids, attention_mask=mask, max_new_tokens=new, do_sample=False, **kwargs
         )
-
-
-def _compiled(name: str, **overrides) -> tuple:
-    model = load_causal_lm(f"arch:{name}", **overrides)
-    return model, plus_tvm.compile_lm(model, max_batch=4, max_length=64)
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +202,7 @@ FAMILIES = {
     list(FAMILIES),
 )
 def test_family_greedy_matches_transformers(family):
-    model, lm = _compiled(family, **FAMILIES[family])
+    model, lm = compiled_lm(family, **FAMILIES[family])  # (shared with other files' tests)
     for batch, pad in ((1, 0), (2, 3)):
         ids, mask = _prompts(batch, pad)
         assert torch.equal(lm.generate(ids, NEW, attention_mask=mask), _reference(model, ids, mask))
