@@ -1,6 +1,7 @@
 """Every architecture of the suite (transformers models outside the zoo, tiny configs, their
 default SDPA attention) compiles with the plus pipeline, is exact against torch eager on two
-inputs, and reaches the library through at least one warehouse entry."""
+inputs, and reaches the library through at least one warehouse entry. (The compiles are
+shared for the session: tests/_shared_arch.py.)"""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 import plus_tvm
 import pytest
 import torch
+from _shared_arch import compiled_arch
 from plus_tvm import arch_suite
 
 pytest.importorskip("transformers")
@@ -15,8 +17,7 @@ pytest.importorskip("transformers")
 
 @pytest.mark.parametrize("name", arch_suite.names())
 def test_architecture_compiles_and_is_exact(name):
-    model, inputs = arch_suite.load(name)
-    compiled = plus_tvm.compile(model, example_args=inputs)
+    model, compiled = compiled_arch(name)  # (arch_suite.load(name), compiled with the defaults)
     for seed in (0, 1):
         x = arch_suite.inputs_of(arch_suite.ENTRIES[name], seed)
         with torch.no_grad():

@@ -9,6 +9,7 @@ import plus_tvm
 import pytest
 import torch
 import tvm_ffi
+from _shared_arch import arch_stats
 from plus_tvm import arch_suite
 from plus_tvm.passes import CanonicalizeSDPA
 from torch.nn import functional as F  # noqa: N812
@@ -88,11 +89,9 @@ def test_sdpa_models_use_the_attention_entry(name):
     compiles to no more kernels: encoder, cross attention (BART), pre-scaled q (OPT), relative
     position bias (T5), grouped-query heads (Mistral), multi-query heads (Falcon), vision (ViT);
     SDPA's output comes back through three transposes, two of which cancel."""
-    stats = {}
-    for impl in ("eager", "sdpa"):
-        model, inputs = arch_suite.load(name, attention=impl)
-        stats[impl] = plus_tvm.inspect(model, example_args=inputs)
-    eager, sdpa = stats["eager"], stats["sdpa"]
+    model, inputs = arch_suite.load(name, attention="eager")
+    eager = plus_tvm.inspect(model, example_args=inputs)
+    sdpa = arch_stats(name, attention="sdpa")  # (tests/_shared_arch.py: test_arch_suite's compile)
     assert sdpa["patterns"].get("attention", 0) == eager["patterns"].get("attention", 0) >= 1
     assert sdpa["patterns"].get("batch_gemm", 0) == 0
     assert sdpa["kernels"] <= eager["kernels"], (sdpa["kernel_names"], eager["kernel_names"])
