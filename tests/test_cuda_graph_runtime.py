@@ -12,11 +12,11 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import plus_tvm
 import pytest
 import torch
 import tvm
 import tvm_ffi
+from _shared_zoo import module_compiled
 from plus_tvm import Options, zoo
 from plus_tvm.compiler import pre_lowering
 from plus_tvm.cuda_graph_report import GET_CACHED_ALLOC
@@ -81,13 +81,13 @@ class _Clock:
 
 @pytest.fixture(scope="module")
 def bert():
-    model, inputs = zoo.load("bert-base-tiny")
+    model, inputs, compiled = module_compiled("bert-base-tiny")  # (tests/_shared_zoo.py)
     tgt = resolve_target("llvm")
     loaded = load_model(model, inputs)
     mod, _ = pre_lowering(loaded, tgt, Options(), "plus")
     with tgt:
         low = tvm.transform.Sequential(phase_passes(tgt, Options(), PHASE_NAMES[4:5]))(mod)
-    weights = plus_tvm.compile(model, example_args=inputs)._current_weights()
+    weights = compiled._current_weights()  # (compile(model, example_args=inputs)'s)
     return model, inputs, tgt, low, weights
 
 
@@ -279,7 +279,7 @@ def _resnet(own_storage: bool = True, flags_only: bool = False):
     if flags_only:
         return final
     executable = tvm.compile(final, tgt, relax_pipeline=None)
-    weights = plus_tvm.compile(model, example_args=inputs)._current_weights()
+    weights = module_compiled("resnet50-tiny")[2]._current_weights()  # (tests/_shared_zoo.py)
     return model, inputs, weights, final, executable
 
 

@@ -15,7 +15,8 @@ import numpy as np
 import plus_tvm
 import pytest
 import torch
-from plus_tvm import env, zoo
+from _shared_zoo import module_compiled
+from plus_tvm import env
 from plus_tvm.runtime import native
 from plus_tvm.runtime.native import _build
 
@@ -81,10 +82,11 @@ def exported(tmp_path_factory):
     """Two CPU models exported, with their inputs and the outputs computed here."""
     folder = tmp_path_factory.mktemp("deploy")
     torch.manual_seed(0)
-    models = {"convmlp": (_ConvMlp().eval(), (torch.randn(2, 3, 8, 8),))}
-    models["bert"] = zoo.load("bert-base-tiny")
-    for name, (model, inputs) in models.items():
-        compiled = plus_tvm.compile(model, example_args=inputs)
+    model, inputs = _ConvMlp().eval(), (torch.randn(2, 3, 8, 8),)
+    models = {"convmlp": (inputs, plus_tvm.compile(model, example_args=inputs))}
+    # zoo.load("bert-base-tiny") compiled with example_args=inputs (tests/_shared_zoo.py)
+    models["bert"] = module_compiled("bert-base-tiny")[1:]
+    for name, (inputs, compiled) in models.items():
         compiled.export_library(str(folder / f"{name}.so"))
         np.save(folder / f"{name}.in.npy", inputs[0].numpy())
         np.save(folder / f"{name}.out.npy", np.asarray(compiled(*inputs)))

@@ -21,6 +21,7 @@ import onnx
 import plus_tvm
 import pytest
 import torch
+from _shared_zoo import zoo_compiled
 from onnx import TensorProto, helper
 from plus_tvm import cli
 from plus_tvm.cli import compare_outputs
@@ -149,7 +150,7 @@ def test_a_computed_negative_index_reads_from_the_end_as_in_torch():
 
 # --------------------------------------------------------------------------------- NaN
 def test_nan_in_an_image_gives_nan_logits_as_in_torch():
-    cm = plus_tvm.compile("zoo:mobilenetv2-tiny", "llvm")  # ReLU6 in oneDNN and in TIR
+    cm = zoo_compiled("mobilenetv2-tiny")  # ReLU6 in oneDNN and in TIR (tests/_shared_zoo.py)
     (x,) = cm.source.example_inputs
     x = x.clone()
     x[0, 1, 7, 7] = float("nan")

@@ -11,6 +11,7 @@ import numpy as np
 import plus_tvm
 import pytest
 import torch
+from _shared_zoo import zoo_compiled
 from plus_tvm import zoo
 
 # max abs error vs torch eager allowed per tiny model (outputs have std 0.1 .. 1)
@@ -41,7 +42,7 @@ def _eager(name: str) -> tuple[tuple, np.ndarray]:
 @pytest.mark.parametrize("name", sorted(TOLERANCE))
 def test_torch_frontend_plus_pipeline_matches_eager(name):
     args, ref = _eager(name)
-    compiled = plus_tvm.compile(f"zoo:{name}", "llvm")
+    compiled = zoo_compiled(name)  # plus_tvm.compile(f"zoo:{name}", "llvm"), once per session
     out = compiled(*args)
     assert out.shape == ref.shape
     err = float(np.abs(out - ref).max())

@@ -14,6 +14,7 @@ import plus_tvm
 import pytest
 import torch
 import tvm
+from _shared_zoo import module_compiled
 from plus_tvm import ModelLoadError, zoo
 
 RUNTIME_LIBS = ("libtvm_runtime.so", "libtvm_runtime_cuda.so", "libtvm_runtime_extra.so")
@@ -52,8 +53,7 @@ def _run_runtime_only(tmp_path, script: str) -> dict:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     folder = tmp_path_factory.mktemp("deploy")
-    model, inputs = zoo.load("bert-base-tiny")
-    compiled = plus_tvm.compile(model, example_args=inputs)
+    model, inputs, compiled = module_compiled("bert-base-tiny")  # (tests/_shared_zoo.py)
     assert compiled.stats["library_calls"] > 0  # the library kernels are exercised too
     embedded = compiled.export_library(str(folder / "embedded.so"))
     external = compiled.export_library(str(folder / "external.so"), weights="external")
@@ -144,7 +144,7 @@ def test_kernels_are_timed_one_by_one_on_the_runtime_alone(tmp_path):
     sigs = signatures(mod)
     assert "max_pool2d" in sigs and sigs["max_pool2d"]["launches"] == 1
     path = str(tmp_path / "resnet.so")
-    plus_tvm.compile(model, example_args=inputs).export_library(path)
+    module_compiled("resnet50-tiny")[2].export_library(path)  # (compile(model, inputs), shared)
     (tmp_path / "sigs.json").write_text(json.dumps(sigs))
     result = _run_runtime_only(
         tmp_path,
