@@ -16,9 +16,11 @@ with ``keepdims``, BLOOM's ALiBi ``[B*H, 1, S]`` -> ``[B, H, 1, S]``), and stays
 it broadcasts along the last axis only (a bias, gamma, a scalar); an operand broadcast over part
 of a group (no such reshape exists) stops the sinking. Repeated, the reshape travels down the
 chain to the next operator that needs its shape, where ``SimplifyViews`` folds it into the next
-flattening. Only static, single-use reshapes that regroup rows of more than one element move (a
+flattening. Only single-use reshapes that regroup rows of more than one element move (a
 reshape read twice would be computed both ways; one that only adds or drops unit dimensions,
-batch 1, is already transparent to the +Graph builder and stays).
+batch 1, is already transparent to the +Graph builder and stays). Sizes may be symbolic (a
+generation step's batch and length): groups of dimensions are found by the analyzer proving
+their products equal.
 """
 
 from __future__ import annotations
@@ -117,17 +119,19 @@ class SinkRowReshapes:
 
 
 def _row_reshape(value: relax.Expr) -> tuple[relax.Expr, list] | None:
-    """(source, its dims) for a static ``reshape`` keeping the last dimension (rows regrouped)."""
+    """(source, its dims) for a ``reshape`` keeping the last dimension (rows regrouped)."""
     if op_name(value) != "relax.reshape":
         return None
     src = value.args[0]
     dims = tensor_dims(src)
-    out = _static(value.args[1])
-    if dims is None or out is None or not dims or not out:
+    out = getattr(value.args[1], "values", None)
+    if dims is None or out is None or not dims or not len(out):
         return None
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims) or int(dims[-1]) != out[-1]:
+    analyzer = tvm.sym.Analyzer()
+    if not analyzer.can_prove_equal(dims[-1], out[-1]):
         return None
-    if [int(d) for d in dims if int(d) != 1] == [d for d in out if d != 1]:
+    kept = [[d for d in ds if not analyzer.can_prove_equal(d, 1)] for ds in (dims, list(out))]
+    if len(kept[0]) == len(kept[1]) and all(map(analyzer.can_prove_equal, *kept)):
         return None  # unit dimensions only: the +Graph builder drops them already
     return src, dims
 
@@ -140,53 +144,77 @@ def _operand(a: relax.Expr, r_dims: list, x_dims: list, parameter: bool) -> rela
         return None
     if not dims or parameter:  # a scalar; LayerNorm's gamma / beta (over the last axis)
         return a if len(dims) <= 1 else None
-    shape = _ints(dims) if all(_is_int(d) for d in dims) else None
-    if shape is None or len(shape) > len(r_dims):
+    if len(dims) > len(r_dims):
         return None
-    moved = _regrouped([1] * (len(r_dims) - len(shape)) + shape, _ints(r_dims), _ints(x_dims))
+    one = tvm.tirx.const(1, "int64")
+    moved = _regrouped([one] * (len(r_dims) - len(dims)) + dims, r_dims, x_dims)
     if moved is None:
         return None
-    if moved[len(moved) - len(shape) :] == shape and all(d == 1 for d in moved[: -len(shape)]):
+    analyzer = tvm.sym.Analyzer()
+    tail, head = moved[len(moved) - len(dims) :], moved[: len(moved) - len(dims)]
+    if all(map(analyzer.can_prove_equal, tail, dims)) and all(
+        analyzer.can_prove_equal(d, 1) for d in head
+    ):
         return a  # already broadcasts against x the same way (a bias over the last axis)
     return relax.op.reshape(a, moved)
 
 
-def _regrouped(operand: list[int], r: list[int], x: list[int]) -> list[int] | None:
+def _regrouped(operand: list, r: list, x: list) -> list | None:
     """The operand's dims for ``x`` when ``r`` is ``x`` regrouped: per group of dims whose
     products agree, the operand is either complete there (it takes ``x``'s dims) or all ones
     (a broadcast: ones); any other operand (a partial broadcast inside a group) is None.
     BLOOM's ALiBi ``[B*H, 1, S]`` on scores ``[B*H, S, S]`` from ``[B, H, S, S]``: ``[B, H, 1,
-    S]``; a residual: ``x``'s dims; one value per row ``[.., 1]``: ``x``'s rows and one."""
-    out: list[int] = []
-    i = j = 0
-    while i < len(r) or j < len(x):
-        i0, j0 = i, j
-        pr = r[i] if i < len(r) else 1
-        px = x[j] if j < len(x) else 1
-        i, j = i + 1, j + 1
-        while pr != px:
-            if pr < px and i < len(r):
-                pr, i = pr * r[i], i + 1
-            elif px < pr and j < len(x):
-                px, j = px * x[j], j + 1
-            else:
-                return None
+    S]``; a residual: ``x``'s dims; one value per row ``[.., 1]``: ``x``'s rows and one.
+    Sizes may be symbolic (a batch of any size): products are compared by the analyzer."""
+    analyzer = tvm.sym.Analyzer()
+    groups = _groups(r, x, analyzer)
+    if groups is None:
+        return None
+    out: list = []
+    for i0, i, j0, j in groups:
         part = operand[i0:i]
-        if all(d == 1 for d in part):
+        if all(analyzer.can_prove_equal(d, 1) for d in part):
             out += [1] * (j - j0)
-        elif part == r[i0:i]:
+        elif all(map(analyzer.can_prove_equal, part, r[i0:i])):
             out += x[j0:j]
         else:
             return None
     return out if len(out) == len(x) else None
 
 
-def _ints(dims: list) -> list[int]:
-    return [int(d) for d in dims]
+def _groups(r: list, x: list, analyzer: tvm.sym.Analyzer) -> list[tuple] | None:
+    """``(i0, i, j0, j)`` per group: ``r[i0:i]`` and ``x[j0:j]`` have the same product, each
+    group as short as it can be; unit dimensions left at the end of one side form groups
+    with nothing of the other. None when the products never agree."""
 
+    def prefix(dims: list) -> list:
+        out = [tvm.tirx.const(1, "int64")]
+        for d in dims:
+            out.append(out[-1] * d)
+        return out
 
-def _is_int(d: object) -> bool:
-    return isinstance(d, tvm.tirx.IntImm)
+    pr, px = prefix(r), prefix(x)
+    groups: list[tuple] = []
+    i = j = 0
+    while i < len(r) and j < len(x):
+        found = next(
+            (
+                (i1, j1)
+                for i1 in range(i + 1, len(r) + 1)
+                for j1 in range(j + 1, len(x) + 1)
+                if analyzer.can_prove_equal(pr[i1], px[j1])
+            ),
+            None,
+        )
+        if found is None:
+            return None
+        groups.append((i, found[0], j, found[1]))
+        i, j = found
+    rest = [(k, k + 1, j, j) for k in range(i, len(r))]
+    rest += [(i, i, k, k + 1) for k in range(j, len(x))]
+    if not all(analyzer.can_prove_equal(d, 1) for d in r[i:] + x[j:]):
+        return None
+    return groups + rest
 
 
 def _last_axis(call: relax.Call) -> bool:
@@ -201,8 +229,3 @@ def _last_axis(call: relax.Call) -> bool:
     return rank > 0 and [a % rank for a in axes] == [rank - 1]
 
 
-def _static(shape: relax.Expr) -> list[int] | None:
-    values = getattr(shape, "values", None)
-    if values is None or not all(isinstance(v, tvm.tirx.IntImm) for v in values):
-        return None
-    return [int(v) for v in values]

@@ -88,13 +88,17 @@ def _head_input(ctx: Ctx, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr] | N
     return None, t
 
 
-def _head_broadcast(source: relax.Expr, result: relax.Expr) -> int | None:
+def _head_broadcast(source: relax.Expr, result: relax.Expr) -> object | None:
     """The head count when ``result`` broadcasts ``source``, a 4-D tensor of one head (axis
-    1), to several and changes nothing else (multi-query attention: Falcon's k), else None."""
-    src, dst = shape_of(source), shape_of(result)
-    if len(src) != 4 or len(dst) != 4 or None in src or None in dst:
+    1), to several and changes nothing else (multi-query attention: Falcon's k and v), else
+    None. Sizes may be symbolic (a decode step's batch and length)."""
+    src, dst = _dims(source), _dims(result)
+    if src is None or dst is None or len(src) != 4 or len(dst) != 4:
         return None
-    if src[1] != 1 or dst[1] == 1 or [src[i] for i in (0, 2, 3)] != [dst[i] for i in (0, 2, 3)]:
+    analyzer = tvm.sym.Analyzer()
+    if not analyzer.can_prove_equal(src[1], 1) or analyzer.can_prove_equal(dst[1], 1):
+        return None
+    if not _equal_dims([src[i] for i in (0, 2, 3)], [dst[i] for i in (0, 2, 3)]):
         return None
     return dst[1]
 
@@ -267,9 +271,10 @@ def _compact_new(ctx: Ctx, new: relax.Expr) -> relax.Expr:
     return new
 
 
-def _operands(ctx: Ctx, m1: int) -> tuple[tuple, tuple, list] | None:
-    """(q, k, pre) of the scores' matmul ``q @ k^T``: each (bshd tensor or None, bhsd tensor);
-    a k of one head broadcast to every head of q (multi-query) broadcast once in ``pre``."""
+def _operands(ctx: Ctx, m1: int) -> tuple[tuple, tuple, object | None] | None:
+    """(q, k, heads) of the scores' matmul ``q @ k^T``: q and k each (bshd tensor or None,
+    bhsd tensor); ``heads`` is q's head count where k^T is k's one head broadcast to every
+    head of q (multi-query attention), k then the tensor of one head, else None."""
     c1 = ctx.call(m1)
     q = _head_input(ctx, c1.args[0])
     kt = _strip_views(ctx, c1.args[1])
@@ -286,12 +291,7 @@ def _operands(ctx: Ctx, m1: int) -> tuple[tuple, tuple, list] | None:
     k = _head_input(ctx, found[1].args[0])
     if k is None:
         return None
-    pre: list[tuple[relax.Var, relax.Expr]] = []
-    if heads is not None:  # k in heads layout, broadcast once as SDPA's k (v comes broadcast)
-        b, _, s, d = shape_of(k[1])
-        pre.append(pre_binding("plus_k", relax.op.broadcast_to(k[1], [b, heads, s, d])))
-        k = (None, pre[-1][0])
-    return q, k, pre
+    return q, k, heads
 
 
 class _Scores:
@@ -421,19 +421,45 @@ def _output_views(
     return cur, out_layout
 
 
-def _tensors(ctx: Ctx, q: tuple, k: tuple, v: tuple, pre: list) -> tuple[str, list, bool]:
+def _kv_source(ctx: Ctx, t: relax.Expr) -> relax.Expr:
+    """The ``[B, Hkv, S, D]`` tensor whose heads ``t`` repeats for the heads of q: through
+    ``repeat_kv`` (grouped-query) or a broadcast of one head (multi-query), else ``t``."""
+    source = _repeat_kv_source(ctx, t)
+    if not source.same_as(t):
+        return source
+    found = ctx.block_call(t)
+    if found is not None and ctx.op(found[0]) == "relax.broadcast_to":
+        if _head_broadcast(found[1].args[0], t) is not None:
+            return found[1].args[0]
+    return t
+
+
+def _tensors(
+    ctx: Ctx, q: tuple, k: tuple, v: tuple, heads: object | None, pre: list
+) -> tuple[str, list, bool] | None:
     """(layout, [q, k, v] or [q, k cache, v cache, k new, v new], whether from the cache):
-    k and v unrepeated where ``repeat_kv`` repeats them, the cache where they are a decode
-    step's cache with the new token in its slot."""
-    broadcast = any(k[1].same_as(var) for var, _ in pre)  # multi-query, broadcast in pre
-    if not broadcast:
-        k_src, v_src = _repeat_kv_source(ctx, k[1]), _repeat_kv_source(ctx, v[1])
-        k_app, v_app = _cache_append(ctx, k_src), _cache_append(ctx, v_src)
-        if k_app is not None and v_app is not None:
-            layout, qt = ("bshd", q[0]) if q[0] is not None else ("bhsd", q[1])
-            return layout, [qt, k_app[0], v_app[0], k_app[1], v_app[1]], True
-        if not k_src.same_as(k[1]) and not v_src.same_as(v[1]):
-            k, v = _head_input(ctx, k_src), _head_input(ctx, v_src)
+    k and v with their own heads where ``repeat_kv`` or a broadcast repeats them for q (the
+    kernel maps each query head to its kv head), the cache where they are a decode step's
+    cache with the new token in its slot. ``heads``: k is one head that the scores broadcast
+    to that many (multi-query)."""
+    k_src = k[1] if heads is not None else _kv_source(ctx, k[1])
+    v_src = _kv_source(ctx, v[1])
+    kv_heads = [(_dims(t) or [None, None])[1] for t in (k_src, v_src)]
+    if any(h is None for h in kv_heads) or not tvm.sym.Analyzer().can_prove_equal(*kv_heads):
+        if heads is None:  # only one of them repeated: both as the product reads them
+            k_src, v_src = k[1], v[1]
+        else:  # k broadcast in the scores, v not from one head: k broadcast once as v's
+            b, _, s, d = _dims(k[1])
+            pre.append(pre_binding("plus_k", relax.op.broadcast_to(k[1], [b, heads, s, d])))
+            return "bhsd", [q[1], pre[-1][0], v[1]], False
+    k_app, v_app = _cache_append(ctx, k_src), _cache_append(ctx, v_src)
+    if k_app is not None and v_app is not None:
+        layout, qt = ("bshd", q[0]) if q[0] is not None else ("bhsd", q[1])
+        return layout, [qt, k_app[0], v_app[0], k_app[1], v_app[1]], True
+    if not k_src.same_as(k[1]) or not v_src.same_as(v[1]):
+        k, v = _head_input(ctx, k_src), _head_input(ctx, v_src)
+        if k is None or v is None:
+            return None
     if all(t[0] is not None for t in (q, k, v)):
         return "bshd", [q[0], k[0], v[0]], False
     return "bhsd", [q[1], k[1], v[1]], False
@@ -444,7 +470,8 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     operands = _operands(ctx, m1) if m1 is not None else None
     if operands is None:
         return None
-    q, k, pre = operands
+    q, k, heads = operands
+    pre: list[tuple[relax.Var, relax.Expr]] = []
     scores = _Scores(ctx, m1, q, pre)
     if not scores.walk():
         return None
@@ -455,7 +482,10 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     cur, out_layout = _output_views(ctx, scores.cur, absorbed, scores.half)
     if len(shape_of(ctx.var(cur))) != 4:
         return None
-    layout, tensors, cache = _tensors(ctx, q, k, v, pre)
+    found = _tensors(ctx, q, k, v, heads, pre)
+    if found is None:
+        return None
+    layout, tensors, cache = found
     if any(
         not ctx.defined_before(t, cur) or t.same_as(ctx.var(cur))
         for t in tensors
