@@ -8,10 +8,16 @@ activation) would otherwise run every loop nest serially and unvectorized: 0.35 
 negation: loads with at most ``MOVE_OPS`` cheap operations, every consumer data-parallel) are
 inlined into their consumers, so that a chain like LLaMA's rotary embedding (reshape, transpose,
 two slices, negate, concatenate, two multiplies and an add: nine full-size buffers) reads its
-input once and writes its output once; nothing costly is recomputed. Then the large spatial
-blocks iterate in parallel: their leading loops are fused into one ``parallel`` loop over TVM's
-pool and, where the innermost loop's extent is a multiple of the vector width, that loop is
-split and vectorized.
+input once and writes its output once; nothing costly is recomputed. A kernel of element-wise
+blocks alone with one output (a chain between two library calls under a prefill's symbolic
+batch and length: GPT-2's written-out GELU, SwiGLU) goes further: every intermediate is inlined
+into the output except a function's float32 argument or bfloat16-rounded result, which are
+computed a row at a time inside the output's parallel loop, and ``exp`` / ``tanh`` / ``erf`` /
+``sigmoid`` become vector arithmetic (``plus_tvm.gir.lowering.vectorizable_math``).
+
+Then the large spatial blocks iterate in parallel: their leading loops are fused into one
+``parallel`` loop over TVM's pool and, where the innermost loop's extent is a multiple of the
+vector width, that loop is split and vectorized.
 
 A large reduction block (GIR declines those over half-precision buffers: a bfloat16 model's
 max-pool, its float32 softmax between casts, and windows read at an offset: every padded pool)
@@ -22,8 +28,12 @@ move inside the reduction loops: one lane per output, no reduction across lanes,
 of outputs set once and then updated in a register over the window. A padding block in front
 of such a reduction (``if_then_else`` on the indices only, not on the channel) is inlined into
 it rather than written out: ResNet's stem pool took 0.13 ms with the padded copy and 8 lanes,
-0.065 with neither (ONNX Runtime: 0.066). Vectors are as wide as the target's (16 float32
-lanes on AVX-512), halved until they divide the loop. Small blocks (below ``min_elements``)
+0.065 with neither (ONNX Runtime: 0.066). A norm or softmax over rows (reductions along the
+last axis in front of one element-wise output, as a prefill's LayerNorm, RMSNorm or softmax
+between casts) instead runs a row at a time inside the output's parallel loop, each reduction
+summed in vector lanes and then across them: its order changes, as in GIR's row kernels.
+Vectors are as wide as the target's (16 float32 lanes on AVX-512), halved until they divide
+the loop. Small blocks (below ``min_elements``)
 and already-scheduled kernels are left alone; a kernel with no large block is declined
 (``None``).
 """
@@ -104,6 +114,8 @@ class ParallelSpatialLLVM(ReasonedRule):
                 return sch, None
         elif self._inline_data_movement(sch, blocks):
             blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        if _row_kernel(sch, blocks) and self._rows_of_output(sch, blocks, vector_bits):
+            return sch, None
         changed = False  # a large block runs parallel (inlining alone does not make it ours)
         for brv in blocks:
             try:
@@ -118,10 +130,11 @@ class ParallelSpatialLLVM(ReasonedRule):
         )
 
     def _rows_of_output(self, sch: s_tir.Schedule, blocks: list, vector_bits: int) -> bool:
-        """The output block scheduled, and the blocks kept in front of it (a function's
-        float32 argument or result) computed inside its parallel loop, a row at a time: a
-        buffer of one row, not of the whole tensor. ``False`` (nothing changed) where the
-        output is not scheduled or a kept block cannot follow it."""
+        """The output block scheduled, and the blocks in front of it (a function's float32
+        argument or result; a norm's row reductions) computed inside its parallel loop, a row
+        at a time: a buffer of one row, not of the whole tensor. A row reduction sums in
+        vector lanes (``_lanes_of_reduction``). ``False`` (nothing changed) where the output is
+        not scheduled."""
         output = blocks[-1]
         try:
             if not self._schedule_block(sch, output, vector_bits):
@@ -131,7 +144,18 @@ class ParallelSpatialLLVM(ReasonedRule):
         row = sch.get_loops(output)[0]
         if not sch.get(row).kind == tirx.ForKind.PARALLEL:
             return False
-        kept = list(reversed(blocks[:-1]))
+        factored = {
+            name
+            for brv in blocks[:-1]
+            if sch.get(brv).init is not None
+            for name in [_lanes_of_reduction(sch, brv, vector_bits // 32)]
+            if name
+        }
+        out = sch.get(output)
+        kept = [
+            b for b in sch.get_child_blocks(sch.get_sblock("root")) if not sch.get(b).same_as(out)
+        ]
+        kept.reverse()
         for k, brv in enumerate(kept):
             try:
                 sch.compute_at(brv, row, preserve_unit_loops=False)
@@ -139,10 +163,18 @@ class ParallelSpatialLLVM(ReasonedRule):
                 for rest in kept[k:]:
                     self._schedule_block(sch, rest, vector_bits)
                 return True
+            block = sch.get(brv)
+            if block.name_hint in factored:  # (row, lane, chunk) -> (row, chunk, lane)
+                lane, chunk = sch.get_loops(brv)[-2:]
+                sch.reorder(chunk, lane)
+                sch.vectorize(lane)
+                continue
+            if block.init is not None:
+                continue  # a reduction left serial, or the sum of the lanes
             inner = sch.get_loops(brv)[-1]
             extent = sch.get(inner).extent
             lanes = _dividing(
-                self._lanes(sch.get(brv), vector_bits),
+                self._lanes(block, vector_bits),
                 int(extent) if isinstance(extent, tirx.IntImm) else None,
             )
             if lanes:
@@ -302,6 +334,50 @@ def _fuse_elementwise(sch: s_tir.Schedule, blocks: list) -> bool:
             continue
     vectorizable_math(sch)
     return True
+
+
+def _row_kernel(sch: s_tir.Schedule, blocks: list) -> bool:
+    """A norm or softmax over rows: one output block, last and element-wise, in front of it
+    element-wise blocks and reductions over their trailing iterators, at least one."""
+    infos = [sch.get(b) for b in blocks]
+    if len(blocks) < 2 or not is_data_parallel(infos[-1]) or sch.get_consumers(blocks[-1]):
+        return False
+    if any(not sch.get_consumers(b) for b in blocks[:-1]):
+        return False  # several outputs
+    reductions = [b for b in infos if not is_data_parallel(b)]
+    for block in reductions:
+        kinds = [int(iv.iter_type) for iv in block.iter_vars]
+        if block.init is None or REDUCTION not in kinds:
+            return False
+        first = kinds.index(REDUCTION)
+        if first == 0 or any(k != REDUCTION for k in kinds[first:]):
+            return False
+        last = block.iter_vars[-1].var
+        reads = [ld for st in BlockInfo(block).stores for ld in loads(st.value)]
+        if not any(ld.indices and _uses(ld.indices[-1], last) for ld in reads):
+            return False  # not along a row (a pool's window: its lanes are the channels)
+    return bool(reductions)
+
+
+def _lanes_of_reduction(sch: s_tir.Schedule, brv: object, lanes: int) -> str | None:
+    """Sum the row reduction ``brv`` over its last loop in ``lanes`` partial sums, one per
+    vector lane, then the lanes (``rfactor``); returns the partial sums' block name, or
+    ``None`` where it stays serial (an extent the lanes do not divide, TVM's refusal). A
+    float32 row of 768 was a chain of 768 dependent additions (LayerNorm over GPT-2's
+    bfloat16 rows, [8 * 128, 768]: 1.3 ms, 0.2 now). The order of the additions changes (as
+    in GIR's row kernels and oneDNN's): a row's sum differs from the serial one in its last
+    bits."""
+    loop = sch.get_loops(brv)[-1]
+    extent = sch.get(loop).extent
+    lanes = _dividing(lanes, int(extent) if isinstance(extent, tirx.IntImm) else None)
+    if not lanes or int(extent) == lanes:
+        return None
+    try:
+        _, inner = sch.split(loop, [None, lanes])
+        rf = sch.rfactor(inner, 0)
+    except TVM_REFUSAL:
+        return None
+    return sch.get(rf).name_hint
 
 
 def _widens_bfloat16(block: object) -> bool:

@@ -286,10 +286,13 @@ def test_a_half_pool_runs_parallel_vectorized_over_channels_and_exact(dtype, c, 
         np.testing.assert_array_equal(got.astype("float32"), want.astype("float32"))
 
 
-def test_a_row_reduction_runs_parallel_without_lanes_across_the_reduction(llvm):
-    """A bfloat16 softmax between casts (rows of 512): its max and sum blocks run their rows
-    in parallel; the rows are not contiguous in the row index, so nothing is vectorized across
-    rows; each row's sum keeps its order (the result equals the unscheduled kernel)."""
+def test_a_row_reduction_runs_a_row_at_a_time_in_vector_lanes(llvm):
+    """A bfloat16 softmax between casts (rows of 512), which GIR declines: every block runs
+    inside one parallel loop over the rows (the max, the sum and the output a row at a time,
+    no full-size buffer between them), and the max and the sum reduce in vector lanes
+    (partial results per lane, then the lanes), not as a chain of 512 dependent additions.
+    The sum's order changes, so the result equals the unscheduled kernel to bfloat16's
+    rounding, not bit for bit."""
 
     def build(bb):
         x = relax.Var("x", relax.TensorType((4, 64, 512), "bfloat16"))
@@ -305,12 +308,16 @@ def test_a_row_reduction_runs_parallel_without_lanes_across_the_reduction(llvm):
     sch = ParallelSpatialLLVM().apply(func, llvm, False)
     assert sch is not None
     s = s_tir.Schedule(sch.mod["main"])
-    reductions = [b for b in s.get_child_blocks(s.get_sblock("root")) if s.get(b).init is not None]
-    assert len(reductions) == 2
-    for b in reductions:
-        loops = [s.get(loop) for loop in s.get_loops(b)]
-        assert int(loops[0].kind) == int(tirx.ForKind.PARALLEL)
-        assert int(loops[-1].kind) == int(tirx.ForKind.SERIAL) and int(loops[-1].extent) == 512
+    blocks = s.get_child_blocks(s.get_sblock("root"))
+    rows = {s.get(s.get_loops(b)[0]).loop_var.name for b in blocks}
+    assert len(rows) == 1 and int(s.get(s.get_loops(blocks[0])[0]).kind) == int(
+        tirx.ForKind.PARALLEL
+    )
+    lanes = [b for b in blocks if s.get(b).name_hint.endswith("_rf")]
+    assert len(lanes) == 2
+    for b in lanes:
+        inner = s.get(s.get_loops(b)[-1])
+        assert int(inner.kind) == int(tirx.ForKind.VECTORIZED) and 512 % int(inner.extent) == 0
     for want, got in zip(_run_typed(func, llvm), _run_typed(sch.mod["main"], llvm)):
         np.testing.assert_allclose(got.astype("float32"), want.astype("float32"), rtol=1e-2)
 
@@ -435,19 +442,77 @@ def test_a_half_gelu_between_reshapes_is_one_parallel_loop_of_vector_math(llvm):
     for block in blocks:
         assert int(s.get(s.get_loops(block)[-1]).kind) == int(tirx.ForKind.VECTORIZED)
     assert "% (b * n)" not in scheduled.script()
+    _check_rows(func, scheduled, 3072, llvm)
+
+
+def _check_rows(func, scheduled, width: int, llvm) -> None:
+    """``scheduled`` equals ``func`` to bfloat16's rounding on ``[b * n, width]`` rows for two
+    batches and lengths."""
     libs = [
         tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target=llvm)
         for f in (func, scheduled)
     ]
     torch = pytest.importorskip("torch")
     for batch, length in ((1, 5), (3, 7)):
-        x = torch.randn(batch * length, 3072, generator=torch.Generator().manual_seed(batch))
-        x = (x * 3).to(torch.bfloat16)
-        outs = [torch.empty_like(x) for _ in libs]
+        sizes = {"b": batch, "n": length}
+        gen = torch.Generator().manual_seed(batch)
+        args = []
+        for param in func.params[:-1]:  # inputs (of the rows' values), sizes, then the output
+            if param.name in sizes:
+                args.append(sizes[param.name])
+                continue
+            shape = [_size(d, sizes) for d in param.shape]
+            values = torch.randn(shape, generator=gen) * 3
+            args.append(tvm.runtime.from_dlpack(values.to(getattr(torch, str(param.dtype)))))
+        rows = batch * length
+        outs = [torch.empty(rows, width, dtype=torch.bfloat16) for _ in libs]
         for lib, out in zip(libs, outs):
-            sizes = {"b": batch, "n": length}
-            args = [sizes[p.name] for p in func.params if p.name in sizes]
-            lib["main"](tvm.runtime.from_dlpack(x), *args, tvm.runtime.from_dlpack(out))
+            lib["main"](*args, tvm.runtime.from_dlpack(out))
         want, got = (o.float() for o in outs)
         assert float(want.abs().max()) > 1.0
         torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7)
+
+
+def _size(dim, sizes: dict) -> int:
+    """A buffer dimension (static, or a product of the symbolic sizes) at ``sizes``."""
+    if isinstance(dim, tirx.IntImm):
+        return int(dim)
+    if isinstance(dim, tirx.Var):
+        return sizes[dim.name]
+    assert isinstance(dim, tirx.Mul), dim
+    return _size(dim.a, sizes) * _size(dim.b, sizes)
+
+
+def test_a_half_layer_norm_of_a_prefill_runs_a_row_at_a_time_in_vector_lanes(llvm):
+    """A bfloat16 LayerNorm computed in float32 between casts, over a prefill's rows (symbolic
+    batch and length, reshapes from and to the linears' rows): its mean and variance were
+    chains of 768 dependent additions in full-size loops of their own (1.3 ms on
+    [8 * 128, 768], 0.19 now). Every block runs inside the output's parallel row loop; both
+    sums reduce in vector lanes."""
+    b, n = tirx.Var("b", "int64"), tirx.Var("n", "int64")
+
+    def build(bb):
+        ids = relax.Var("ids", relax.TensorType((b, n), "int64"))  # (defines b and n)
+        rows = relax.Var("rows", relax.TensorType((b * n, 768), "bfloat16"))
+        gamma = relax.Var("gamma", relax.TensorType((768,), "float32"))
+        beta = relax.Var("beta", relax.TensorType((768,), "float32"))
+        with bb.function("main", [ids, rows, gamma, beta]):
+            with bb.dataflow():
+                x = bb.emit(relax.op.astype(relax.op.reshape(rows, (b, n, 768)), "float32"))
+                y = bb.emit(relax.op.nn.layer_norm(x, gamma, beta, axes=[-1]))
+                y = bb.emit(relax.op.astype(y, "bfloat16"))
+                out = bb.emit_output(relax.op.reshape(y, (b * n, 768)))
+            bb.emit_func_output(out)
+
+    func = _fused(llvm, build)
+    sch = ParallelSpatialLLVM().apply(func, llvm, False)
+    assert sch is not None
+    scheduled = sch.mod["main"]
+    s = s_tir.Schedule(scheduled)
+    blocks = s.get_child_blocks(s.get_sblock("root"))
+    assert len({s.get(s.get_loops(b)[0]).loop_var.name for b in blocks}) == 1
+    lanes = [b for b in blocks if s.get(b).name_hint.endswith("_rf")]
+    assert len(lanes) == 2
+    for block in lanes:
+        assert int(s.get(s.get_loops(block)[-1]).kind) == int(tirx.ForKind.VECTORIZED)
+    _check_rows(func, scheduled, 768, llvm)
