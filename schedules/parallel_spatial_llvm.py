@@ -164,14 +164,14 @@ class ParallelSpatialLLVM(ReasonedRule):
                     self._schedule_block(sch, rest, vector_bits)
                 return True
             block = sch.get(brv)
-            if block.name_hint in factored:  # (row, lane, chunk) -> (row, chunk, lane)
-                lane, chunk = sch.get_loops(brv)[-2:]
-                sch.reorder(chunk, lane)
-                sch.vectorize(lane)
+            own = _loops_below(sch, brv, row)  # (none: one value per row, as a norm's scale)
+            if block.name_hint in factored and len(own) == 2:  # (lane, chunk) -> (chunk, lane)
+                sch.reorder(own[1], own[0])
+                sch.vectorize(own[0])
                 continue
-            if block.init is not None:
-                continue  # a reduction left serial, or the sum of the lanes
-            inner = sch.get_loops(brv)[-1]
+            if block.init is not None or not own:
+                continue  # a reduction left serial, the sum of the lanes, a row's scalar
+            inner = own[-1]
             extent = sch.get(inner).extent
             lanes = _dividing(
                 self._lanes(block, vector_bits),
@@ -334,6 +334,13 @@ def _fuse_elementwise(sch: s_tir.Schedule, blocks: list) -> bool:
             continue
     vectorizable_math(sch)
     return True
+
+
+def _loops_below(sch: s_tir.Schedule, brv: object, row: object) -> list:
+    """The loops of block ``brv`` inside loop ``row``."""
+    loops = sch.get_loops(brv)
+    at = next(i for i, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(row)))
+    return loops[at + 1 :]
 
 
 def _row_kernel(sch: s_tir.Schedule, blocks: list) -> bool:

@@ -516,3 +516,35 @@ def test_a_half_layer_norm_of_a_prefill_runs_a_row_at_a_time_in_vector_lanes(llv
     for block in lanes:
         assert int(s.get(s.get_loops(block)[-1]).kind) == int(tirx.ForKind.VECTORIZED)
     _check_rows(func, scheduled, 768, llvm)
+
+
+def test_a_half_rms_norm_keeps_its_row_scale_a_value_per_row(llvm):
+    """LLaMA's RMSNorm in bfloat16 (``x * rsqrt(mean(x^2) + eps)`` in float32, rounded, times
+    the weight, read into two outputs' shapes): the ``rsqrt`` of each row is a block of one
+    value per row, computed inside the row loop with no loop of its own to vectorize (the row
+    loop itself was once split into vectors around the rest, which TVM's build refused:
+    "VectorizeLoop before LiftStorageAlloc"). The kernel builds and equals the unscheduled one
+    to bfloat16's rounding."""
+
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((1, 128, 512), "bfloat16"))
+        w = relax.Var("w", relax.TensorType((512,), "bfloat16"))
+        with bb.function("main", [x, w]):
+            with bb.dataflow():
+                xf = bb.emit(relax.op.astype(x, "float32"))
+                ms = bb.emit(relax.op.mean(relax.op.multiply(xf, xf), axis=[-1], keepdims=True))
+                scale = bb.emit(relax.op.rsqrt(relax.op.add(ms, relax.const(1e-6, "float32"))))
+                y = bb.emit(relax.op.astype(relax.op.multiply(xf, scale), "bfloat16"))
+                out = bb.emit_output(relax.op.reshape(relax.op.multiply(w, y), (128, 512)))
+            bb.emit_func_output(out)
+
+    func = _fused(llvm, build)
+    assert "rsqrt" in str(func)
+    sch = ParallelSpatialLLVM().apply(func, llvm, False)
+    assert sch is not None
+    s = s_tir.Schedule(sch.mod["main"])
+    blocks = s.get_child_blocks(s.get_sblock("root"))
+    assert len({s.get(s.get_loops(b)[0]).loop_var.name for b in blocks}) == 1
+    assert int(s.get(s.get_loops(blocks[0])[0]).kind) == int(tirx.ForKind.PARALLEL)
+    for want, got in zip(_run_typed(func, llvm), _run_typed(sch.mod["main"], llvm)):
+        np.testing.assert_allclose(got.astype("float32"), want.astype("float32"), rtol=2**-7)
