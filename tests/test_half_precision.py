@@ -15,7 +15,7 @@ import numpy as np
 import plus_tvm
 import pytest
 import torch
-from _shared_zoo import module_compiled
+from _shared_zoo import half_compiled, module_compiled
 from plus_tvm import zoo
 from plus_tvm.accuracy import bound, rel_err
 from plus_tvm.half_reference import widened_run
@@ -36,18 +36,23 @@ def _errors(model: torch.nn.Module, args: tuple, dtype: torch.dtype) -> tuple[fl
     """(plus's relative error, torch eager's, plus's output) against float64."""
     half = copy.deepcopy(model).eval().to(dtype)
     hargs = tuple(_cast(a, dtype) for a in args)
+    return _half_errors(half, hargs, plus_tvm.compile(half, example_args=hargs))
+
+
+def _half_errors(half: torch.nn.Module, hargs: tuple, compiled) -> tuple[float, float, object]:
+    """``_errors`` of ``half`` (a model in half precision) compiled as ``compiled``."""
     ref = _first(widened_run(half, hargs)).double()
     with torch.no_grad():
         eager = _first(half(*hargs)).double()
-    got = _first(plus_tvm.compile(half, example_args=hargs)(*hargs))
+    got = _first(compiled(*hargs))
     return rel_err(got.double().numpy(), ref.numpy()), rel_err(eager.numpy(), ref.numpy()), got
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("name", [n for n in zoo.names() if n.endswith("-tiny")])
 def test_zoo_models_in_half_precision_are_as_accurate_as_torch(name, dtype):
-    model, args = zoo.load(name)
-    plus_err, torch_err, got = _errors(model, args, DTYPES[dtype])
+    # zoo.load(name) cast to dtype, compiled (tests/_shared_zoo.py: shared with the twin below)
+    plus_err, torch_err, got = _half_errors(*half_compiled(name, DTYPES[dtype]))
     assert isinstance(got, torch.Tensor) and got.dtype == DTYPES[dtype]  # torch in, torch out
     assert plus_err <= bound(torch_err, dtype), (plus_err, torch_err)
 
@@ -251,14 +256,11 @@ def test_a_half_cnn_reaches_the_library_as_its_float32_twin(name):
     its 1x1 convolutions with batch norm fell back to TIR)."""
     import collections
 
-    model, args = zoo.load(name)
     counts = {}
     for dtype in (torch.float32, torch.bfloat16):
-        if dtype == torch.float32:  # (the zoo model as it is: tests/_shared_zoo.py's compile)
-            compiled = module_compiled(name)[2]
-        else:
-            half = copy.deepcopy(model).eval().to(dtype)
-            compiled = plus_tvm.compile(half, example_args=tuple(a.to(dtype) for a in args))
+        # zoo.load(name) as it is and cast to bfloat16, compiled (tests/_shared_zoo.py's compiles)
+        half = dtype != torch.float32
+        compiled = half_compiled(name, dtype)[2] if half else module_compiled(name)[2]
         decisions = compiled.stats["dispatch"]["decisions"]
         counts[dtype] = collections.Counter(d["entry"] for d in decisions)
     pointwise = "conv2d_nhwc_pointwise"
