@@ -97,12 +97,15 @@ def _unbroadcast(expr: relax.Expr, value_of: dict) -> relax.Expr | None:
 def _flattened_source(expr: relax.Expr, value_of: dict) -> tuple[relax.Expr, list] | None:
     """(source, its dims) when ``expr`` is a 3-D ``reshape`` of a tensor of rank > 3 that
     flattens its leading dimensions and keeps the last two; or the transpose of the last two
-    axes of one (BLOOM's k^T: the source transposed the same way)."""
+    axes of one (BLOOM's k^T: the source transposed the same way), or a cast of one."""
     value = value_of.get(expr) if isinstance(expr, relax.Var) else None
     if op_name(value) == "relax.broadcast_to" and same_dims(
         tensor_dims(value.args[0]) or [], tensor_dims(expr) or [None]
     ):
         return _flattened_source(value.args[0], value_of)  # torch's same-shape expand
+    if op_name(value) == "relax.astype":  # a cast of one (BLOOM in bfloat16: k^T as float32)
+        found = _flattened_source(value.args[0], value_of)
+        return None if found is None else (relax.op.astype(found[0], value.attrs.dtype), found[1])
     if op_name(value) == "relax.permute_dims" and _axes(value) == [0, 2, 1]:
         found = _flattened_source(value.args[0], value_of)
         if found is None:

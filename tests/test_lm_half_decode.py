@@ -39,8 +39,9 @@ def test_fp16_decode_step_is_library_calls(family, tmp_path):
 
 
 # falcon: multi-query (k and v of one head broadcast to the heads of q), whose two batched
-# products were plus.matmul calls before the attention entry took them
-@pytest.mark.parametrize("family", ["gpt2", "llama", "falcon"])
+# products were plus.matmul calls before the attention entry took them; bloom: ALiBi, its
+# product of float32 casts of bfloat16 q and k^T (baddbmm), a float32 cast of the bias
+@pytest.mark.parametrize("family", ["gpt2", "llama", "falcon", "bloom"])
 def test_bf16_decode_is_library_calls_and_keeps_the_tokens(family, tmp_path):
     """The bfloat16 decode step: library calls only, its attention the native kernel where
     this CPU computes bfloat16 (no Python fallback), the tokens those of transformers on the

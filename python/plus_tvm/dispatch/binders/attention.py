@@ -21,6 +21,7 @@ from tvm import relax
 
 from ...runtime.attention import ATTENTION_SPEC
 from .common import (
+    HALF_DTYPES,
     Ctx,
     LibraryCall,
     dtype_of,
@@ -271,13 +272,49 @@ def _compact_new(ctx: Ctx, new: relax.Expr) -> relax.Expr:
     return new
 
 
+def _upcast_source(ctx: Ctx, expr: relax.Expr) -> relax.Expr | None:
+    """The half tensor ``expr`` casts to float32, else None (BLOOM in bfloat16 multiplies
+    float32 casts of its bfloat16 q and k^T: products of half values are exact in float32, so
+    that is the half product accumulated in float32)."""
+    found = ctx.block_call(expr)
+    if found is None or ctx.op(found[0]) != "relax.astype" or dtype_of(expr) != "float32":
+        return None
+    source = found[1].args[0]
+    return source if dtype_of(source) in HALF_DTYPES else None
+
+
+def _upcast_half(ctx: Ctx, m1: int) -> str | None:
+    """The half dtype when both operands of the product ``m1`` are float32 casts of it."""
+    sources = [_upcast_source(ctx, a) for a in ctx.call(m1).args]
+    if any(s is None for s in sources) or dtype_of(sources[0]) != dtype_of(sources[1]):
+        return None
+    return dtype_of(sources[0])
+
+
+def _in_dtype(ctx: Ctx, mask: relax.Expr, dtype: str, pre: list) -> relax.Expr | None:
+    """``mask`` in the attention's ``dtype``: as it is, or (a float32 mask of a half
+    attention) cast back where it is a float32 cast of a ``dtype`` tensor through views, which
+    the cast back keeps exactly (BLOOM's ALiBi); None otherwise."""
+    if dtype_of(mask) == dtype:
+        return mask
+    sources = [_upcast_source(ctx, e) for e in _view_chain(ctx, mask)]
+    if not any(s is not None and dtype_of(s) == dtype for s in sources):
+        return None
+    pre.append(pre_binding("plus_mask", relax.op.astype(mask, dtype)))
+    return pre[-1][0]
+
+
 def _operands(ctx: Ctx, m1: int) -> tuple[tuple, tuple, object | None] | None:
     """(q, k, heads) of the scores' matmul ``q @ k^T``: q and k each (bshd tensor or None,
     bhsd tensor); ``heads`` is q's head count where k^T is k's one head broadcast to every
     head of q (multi-query attention), k then the tensor of one head, else None."""
     c1 = ctx.call(m1)
-    q = _head_input(ctx, c1.args[0])
-    kt = _strip_views(ctx, c1.args[1])
+    q_arg, kt_arg = c1.args[0], c1.args[1]
+    upcast = [_upcast_source(ctx, a) for a in (q_arg, kt_arg)]
+    if all(u is not None for u in upcast) and dtype_of(upcast[0]) == dtype_of(upcast[1]):
+        q_arg, kt_arg = upcast  # (the half operands: the same float32 product)
+    q = _head_input(ctx, q_arg)
+    kt = _strip_views(ctx, kt_arg)
     found = ctx.block_call(kt)
     heads = None  # multi-query: k^T of one head broadcast to every head of q
     if found is not None and ctx.op(found[0]) == "relax.broadcast_to":
@@ -473,6 +510,7 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
     q, k, heads = operands
     pre: list[tuple[relax.Var, relax.Expr]] = []
     scores = _Scores(ctx, m1, q, pre)
+    scores.half = scores.half or _upcast_half(ctx, m1)
     if not scores.walk():
         return None
     v = _head_input(ctx, ctx.call(scores.m2).args[1])
@@ -492,7 +530,10 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         if all(not t.same_as(var) for var, _ in pre)
     ):
         return None
-    masks = scores.masks
+    dtype = dtype_of(tensors[0])
+    masks = [_in_dtype(ctx, m, dtype, pre) for m in scores.masks]
+    if any(m is None for m in masks):
+        return None  # (a float32 mask of a half attention that the half dtype would round)
     mask = masks[0] if masks else None
     for extra in masks[1:]:  # several additive masks are summed once, in TIR, before the call
         binding = pre_binding("plus_mask", relax.op.add(mask, extra))
