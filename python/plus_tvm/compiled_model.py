@@ -301,7 +301,7 @@ class CompiledModel:
             try:
                 # (numpy has no DLPack code for ml_dtypes' bfloat16: the same memory as a
                 # torch tensor, which has one; a decode step's bfloat16 cache is not copied)
-                source = bfloat16_view(array) if str(array.dtype) == "bfloat16" else array
+                source = bfloat16_view(array) if array.dtype.name == "bfloat16" else array
                 return tvm.runtime.from_dlpack(source)
             except (BufferError, *TVM_REFUSAL):  # a dtype DLPack has no code for
                 pass
