@@ -302,29 +302,36 @@ class ParallelSpatialLLVM(ReasonedRule):
 def _fuse_elementwise(sch: s_tir.Schedule, blocks: list) -> bool:
     """In a kernel of element-wise blocks with one output (a chain between two library calls:
     GPT-2's written-out GELU, SwiGLU's SiLU and product, a half model's casts around them),
-    inline every intermediate into its consumers, except those GIR's lowering would stage
-    (:func:`~plus_tvm.gir.lowering.staged_blocks`: a function over another's result, a
-    bfloat16 value under a function) and a function read by several consumers (computed once
-    into a buffer); then map the functions to vector arithmetic. Returns whether it applied
-    (otherwise only data movement is inlined). A bfloat16 GELU of GPT-2's prefill,
-    ``[8 * 128, 3072]``, took 11.4 ms with every intermediate a buffer and TVM's scalar
-    ``tanh``; 0.46 ms with the kept blocks computed a row at a time (``_rows_of_output``)."""
+    inline every intermediate into its consumers except (as a buffer, computed a row at a
+    time by ``_rows_of_output``):
+
+    - a function read by several consumers (computed once);
+    - a function's float32 argument widened from bfloat16 (the fast functions bind their
+      argument with ``Let``, and TVM's bfloat16 legalization does not reach into one);
+    - a function whose value reaches a rounding to bfloat16 through the blocks inlined after
+      it (TVM's rounding uses its operand twice, and ``VectorizeLoop`` then refuses the
+      ``Let`` bound twice: SwiGLU's ``bf16(x * sigmoid(x))``).
+
+    Then the functions become vector arithmetic. Returns whether it applied (otherwise only
+    data movement is inlined). A bfloat16 GELU of GPT-2's prefill, ``[8 * 128, 3072]``, took
+    11.4 ms with every intermediate a buffer and TVM's scalar ``tanh``; 0.46 ms now."""
     infos = [sch.get(b) for b in blocks]
     if len(blocks) < 2 or not all(is_data_parallel(b) for b in infos):
         return False
-    consumers = [sch.get_consumers(b) for b in blocks]
+    consumers = [[sch.get(c).name_hint for c in sch.get_consumers(b)] for b in blocks]
     if sum(1 for c in consumers if not c) != 1 or consumers[-1]:
         return False  # several outputs (a split), or the output not last
     math = {b.name_hint for b in infos if has_math(b)}
-    keep = set()
-    for block, users in zip(infos[:-1], consumers[:-1]):
-        used_by = {sch.get(c).name_hint for c in users}
-        if len(users) > 1 and block.name_hint in math:
-            keep.add(block.name_hint)  # a function read by several consumers: computed once
-        elif _widens_bfloat16(block) and used_by & math:
-            keep.add(block.name_hint)  # the float32 argument of a function (see below)
-        elif block.name_hint in math and _narrowed_to_bfloat16(sch, users):
-            keep.add(block.name_hint)  # a function's result rounded to bfloat16 (see below)
+    keep: set[str] = set()
+    rounds: dict[str, bool] = {}  # the block's value reaches a bfloat16 rounding, inlined
+    for block, users in reversed(list(zip(infos, consumers))):
+        name = block.name_hint
+        through = any(rounds[c] for c in users if c not in keep)
+        if users and name in math and (len(users) > 1 or through):
+            keep.add(name)
+        elif users and _widens_bfloat16(block) and set(users) & math:
+            keep.add(name)
+        rounds[name] = _touches(block, "bfloat16") or (name not in keep and through)
     for brv, block in reversed(list(zip(blocks[:-1], infos[:-1]))):
         if block.name_hint in keep:
             continue
@@ -332,7 +339,11 @@ def _fuse_elementwise(sch: s_tir.Schedule, blocks: list) -> bool:
             sch.compute_inline(brv)
         except TVM_REFUSAL:  # (a block whose consumers read it over another nest)
             continue
-    vectorizable_math(sch)
+    if not any(
+        has_math(b) and _touches(b, "bfloat16")
+        for b in (sch.get(r) for r in sch.get_child_blocks(sch.get_sblock("root")))
+    ):  # (else TVM's own functions stay: a function under a rounding in its own block)
+        vectorizable_math(sch)
     return True
 
 
@@ -398,13 +409,6 @@ def _widens_bfloat16(block: object) -> bool:
         and isinstance(value, tirx.Cast)
         and str(value.value.ty) == "bfloat16"
     )
-
-
-def _narrowed_to_bfloat16(sch: s_tir.Schedule, users: list) -> bool:
-    """A consumer rounds the block's value to bfloat16: inlined there, the fast function's
-    ``Let`` sits under TVM's bfloat16 rounding, which uses its operand twice, and
-    ``VectorizeLoop`` then refuses the ``Let`` bound twice."""
-    return any(_touches(sch.get(c), "bfloat16") for c in users)
 
 
 def _touches(block: object, dtype: str) -> bool:

@@ -548,3 +548,34 @@ def test_a_half_rms_norm_keeps_its_row_scale_a_value_per_row(llvm):
     assert int(s.get(s.get_loops(blocks[0])[0]).kind) == int(tirx.ForKind.PARALLEL)
     for want, got in zip(_run_typed(func, llvm), _run_typed(sch.mod["main"], llvm)):
         np.testing.assert_allclose(got.astype("float32"), want.astype("float32"), rtol=2**-7)
+
+
+def test_a_half_swiglu_between_reshapes_builds_with_its_sigmoid_vectorized(llvm):
+    """LLaMA's bfloat16 SwiGLU of a prefill: ``bf16(x * sigmoid(x)) * up`` with ``x`` the gate's
+    rows widened to float32. The sigmoid's value reaches the rounding to bfloat16 through the
+    product inlined after it; inlined there, TVM's rounding used the fast sigmoid's ``Let``
+    twice and the build failed ("Let cannot bind the same var to two different values"). The
+    sigmoid stays a float32 row next to the output: the kernel builds, has no TVM ``sigmoid``
+    call left, and equals the unscheduled one to bfloat16's rounding."""
+    b, n = tirx.Var("b", "int64"), tirx.Var("n", "int64")
+
+    def build(bb):
+        ids = relax.Var("ids", relax.TensorType((b, n), "int64"))  # (defines b and n)
+        gate = relax.Var("gate", relax.TensorType((b * n, 2048), "bfloat16"))
+        up = relax.Var("up", relax.TensorType((b * n, 2048), "bfloat16"))
+        with bb.function("main", [ids, gate, up]):
+            with bb.dataflow():
+                x = bb.emit(relax.op.astype(relax.op.reshape(gate, (b, n, 2048)), "float32"))
+                silu = bb.emit(relax.op.multiply(x, relax.op.sigmoid(x)))
+                act = bb.emit(relax.op.astype(silu, "bfloat16"))
+                y = bb.emit(relax.op.multiply(act, relax.op.reshape(up, (b, n, 2048))))
+                out = bb.emit_output(relax.op.reshape(y, (b * n, 2048)))
+            bb.emit_func_output(out)
+
+    func = _fused(llvm, build)
+    assert "sigmoid" in str(func)
+    sch = ParallelSpatialLLVM().apply(func, llvm, False)
+    assert sch is not None
+    scheduled = sch.mod["main"]
+    assert "T.sigmoid(" not in scheduled.script()
+    _check_rows(func, scheduled, 2048, llvm)
