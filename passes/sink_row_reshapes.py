@@ -20,7 +20,7 @@ flattening. Only single-use reshapes that regroup rows of more than one element 
 reshape read twice would be computed both ways; one that only adds or drops unit dimensions,
 batch 1, is already transparent to the +Graph builder and stays). Sizes may be symbolic (a
 generation step's batch and length): groups of dimensions are found by the analyzer proving
-their products equal.
+their products equal, and only a flattening moves then (see ``_row_reshape``).
 """
 
 from __future__ import annotations
@@ -129,6 +129,11 @@ def _row_reshape(value: relax.Expr) -> tuple[relax.Expr, list] | None:
         return None
     analyzer = tvm.sym.Analyzer()
     if not analyzer.can_prove_equal(dims[-1], out[-1]):
+        return None
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in [*dims, *out]) and len(out) >= len(dims):
+        # with symbolic sizes only a flattening moves (BLOOM's [B, H, S, T] scores as [B*H,
+        # S, T]): a linear's [B*S, N] rows regrouped as [B, S, N] and moved below its gated
+        # activation left reshape copies between the element-wise kernels TVM no longer fused
         return None
     kept = [[d for d in ds if not analyzer.can_prove_equal(d, 1)] for ds in (dims, list(out))]
     if len(kept[0]) == len(kept[1]) and all(map(analyzer.can_prove_equal, *kept)):
