@@ -271,7 +271,7 @@ class ParallelSpatialLLVM(ReasonedRule):
         spatial, reduction = loops[:count], loops[count:]
         lane = block.iter_vars[count - 1].var
         contiguous = count > 1 and _contiguous_in(block, lane)
-        lanes = _dividing(lanes, sizes[count - 1]) if contiguous else 0
+        lanes = _dividing(lanes, sizes[count - 1]) if contiguous and _lanes_build(block) else 0
         if lanes:
             outer, inner = sch.split(spatial[-1], [None, lanes])
             sch.reorder(outer, *reduction, inner)
@@ -416,6 +416,17 @@ def _touches(block: object, dtype: str) -> bool:
     return str(store.buffer.dtype) == dtype or any(
         isinstance(n, tirx.Cast) and str(n.ty) == dtype for n in nodes(store.value)
     )
+
+
+def _lanes_build(block: object) -> bool:
+    """Whether TVM 0.27 builds the reduction ``block`` with its lanes as vectors: a bfloat16
+    accumulator updated by arithmetic (a mixture of experts' sum of its experts' bfloat16
+    outputs) fails its bfloat16 legalization as a vector ("dtype mismatch on BufferStore: ...
+    bfloat16x32"), so it keeps one lane; a maximum (a bfloat16 max-pool) builds."""
+    store = BlockInfo(block).stores[0]
+    if str(store.buffer.dtype) != "bfloat16":
+        return True
+    return not any(isinstance(n, (tirx.Add, tirx.Sub, tirx.Mul)) for n in nodes(store.value))
 
 
 def _dividing(lanes: int, extent: int | None) -> int:

@@ -579,3 +579,26 @@ def test_a_half_swiglu_between_reshapes_builds_with_its_sigmoid_vectorized(llvm)
     scheduled = sch.mod["main"]
     assert "T.sigmoid(" not in scheduled.script()
     _check_rows(func, scheduled, 2048, llvm)
+
+
+def test_a_half_sum_over_a_leading_axis_builds_with_one_lane(llvm):
+    """A mixture of experts sums its experts' bfloat16 outputs over a leading axis (Mixtral's
+    ``[experts, tokens, hidden]``): the reduction's contiguous channels made vector lanes of a
+    bfloat16 accumulator, which TVM 0.27's bfloat16 legalization refuses ("dtype mismatch on
+    BufferStore"); compile_lm of a bfloat16 Mixtral failed. It runs parallel with one lane and
+    equals the unscheduled kernel bit for bit (the order of each sum is kept)."""
+
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((4, 512, 256), "bfloat16"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(relax.op.sum(x, axis=[0]))
+            bb.emit_func_output(out)
+
+    func = _fused(llvm, build)
+    sch = ParallelSpatialLLVM().apply(func, llvm, False)
+    assert sch is not None
+    scheduled = sch.mod["main"]
+    tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target=llvm)
+    for want, got in zip(_run_typed(func, llvm), _run_typed(scheduled, llvm)):
+        np.testing.assert_array_equal(got.astype("float32"), want.astype("float32"))
