@@ -452,3 +452,19 @@ def test_an_onnx_model_is_benched_in_float16_through_onnx_runtimes_converter(tmp
     assert "fp16" in result["model"]
     with pytest.raises(BenchError, match="only fp16"):
         Bench(path, ["plus"], runs=1, warmup=0, progress=False, dtype="bf16").run()
+
+
+def test_a_half_bench_of_plus_alone_has_torchs_output_in_that_dtype_as_reference():
+    """With plus alone in bfloat16 the reference is torch eager run in the bench itself: its
+    float inputs cast as the workers cast them, its bfloat16 output widened for the
+    comparison (``.numpy()`` of a bfloat16 tensor raised a TypeError: ``plus-tvm bench
+    zoo:t5-encoder --dtype bf16 --compare plus`` failed)."""
+    bench = Bench(_loaded(Small), ["plus"], dtype="bf16", progress=False)
+    bench.loaded = bench._in_dtype(_loaded(Small))  # noqa: SLF001 - (what run() does first)
+    bench.inputs = (np.random.default_rng(0).standard_normal((2, 8)).astype("float32"),)
+    ref = bench._reference({})  # noqa: SLF001
+    assert bench.reference_name == "torch" and ref.dtype == np.float32
+    module = bench.loaded.torch_module
+    with torch.no_grad():
+        want = module(torch.from_numpy(bench.inputs[0]).to(torch.bfloat16)).float().numpy()
+    np.testing.assert_array_equal(ref, want)

@@ -556,9 +556,13 @@ class Bench:
         if self.loaded is not None and self.loaded.torch_module is not None:
             import torch
 
+            dtype = getattr(torch, DTYPES[self.dtype])  # (the workers' cast of float inputs)
             try:
                 with torch.inference_mode():
-                    args = tuple(torch.from_numpy(np.asarray(x, order="C")) for x in self.inputs)
+                    args = tuple(
+                        t.to(dtype) if t.is_floating_point() else t
+                        for t in (torch.from_numpy(np.asarray(x, order="C")) for x in self.inputs)
+                    )
                     out = self.loaded.torch_module(*args)
             except Exception as err:  # noqa: BLE001 - a model that fails eagerly: no reference
                 self.reference_name = f"none (torch eager failed: {_short(err)})"
@@ -566,7 +570,7 @@ class Bench:
             while isinstance(out, (list, tuple)):
                 out = out[0]
             self.reference_name = "torch"
-            return out.detach().cpu().numpy()
+            return _float32(out.detach().cpu())  # (numpy has no bfloat16)
         return None
 
     def _validity(self, backends: list[Backend]) -> list[str]:
