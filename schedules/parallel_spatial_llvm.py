@@ -33,9 +33,8 @@ last axis in front of one element-wise output, as a prefill's LayerNorm, RMSNorm
 between casts) instead runs a row at a time inside the output's parallel loop, each reduction
 summed in vector lanes and then across them: its order changes, as in GIR's row kernels.
 Vectors are as wide as the target's (16 float32 lanes on AVX-512), halved until they divide
-the loop. Small blocks (below ``min_elements``)
-and already-scheduled kernels are left alone; a kernel with no large block is declined
-(``None``).
+the loop. Small blocks (below ``min_elements``) and already-scheduled kernels are left alone; a
+kernel with no large block is declined (``None``).
 """
 
 from __future__ import annotations
@@ -161,7 +160,10 @@ class ParallelSpatialLLVM(ReasonedRule):
                 sch.compute_at(brv, row, preserve_unit_loops=False)
             except TVM_REFUSAL:  # this one and its producers stay whole blocks in front
                 for rest in kept[k:]:
-                    self._schedule_block(sch, rest, vector_bits)
+                    try:
+                        self._schedule_block(sch, rest, vector_bits)
+                    except TVM_REFUSAL:  # (it keeps its loops)
+                        continue
                 return True
             block = sch.get(brv)
             own = _loops_below(sch, brv, row)  # (none: one value per row, as a norm's scale)
