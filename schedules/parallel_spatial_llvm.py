@@ -143,13 +143,10 @@ class ParallelSpatialLLVM(ReasonedRule):
         row = sch.get_loops(output)[0]
         if not sch.get(row).kind == tirx.ForKind.PARALLEL:
             return False
-        factored = {
-            name
-            for brv in blocks[:-1]
-            if sch.get(brv).init is not None
-            for name in [_lanes_of_reduction(sch, brv, vector_bits // 32)]
-            if name
-        }
+        factored = set()  # the partial sums' blocks of the row reductions summed in lanes
+        for brv in blocks[:-1]:
+            if sch.get(brv).init is not None:
+                factored.add(_lanes_of_reduction(sch, brv, vector_bits // 32))
         out = sch.get(output)
         kept = [
             b for b in sch.get_child_blocks(sch.get_sblock("root")) if not sch.get(b).same_as(out)
