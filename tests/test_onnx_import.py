@@ -403,3 +403,21 @@ def test_reduce_max_and_min_of_infinities_give_infinities(op, dtype):
     model = _model([node], [_info("x", elem, [3, 3])], [_info("y", elem, [3, 1])], opset=17)
     want = (np.max if op == "ReduceMax" else np.min)(x, axis=-1, keepdims=True)
     np.testing.assert_array_equal(plus_tvm.compile(model, "llvm")(x), want)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("axes", [[-1], [0], None])
+def test_reduce_max_and_min_give_nan_wherever_the_nan_lies(op, axes):
+    # numpy's, torch's and ONNX's reference semantics: any NaN reduced gives NaN, whatever its
+    # position (a fold of ordered comparisons keeps a NaN only where it comes last; ONNX
+    # Runtime's CPU kernel depends on the position too, onnxruntime#10514)
+    x = np.arange(1, 1 + 5 * 37, dtype=np.float32).reshape(5, 37)
+    x[0, 0] = x[1, 18] = x[2, 36] = np.nan  # first, middle, last of a row
+    x[4, 3] = np.nan
+    attrs = {"keepdims": 0} if axes is None else {"axes": axes, "keepdims": 0}
+    node = helper.make_node(op, ["x"], ["y"], **attrs)
+    model = _model(
+        [node], [_info("x", TensorProto.FLOAT, [5, 37])], [_info("y", 1, None)], opset=17
+    )
+    want = (np.max if op == "ReduceMax" else np.min)(x, axis=None if axes is None else axes[0])
+    np.testing.assert_array_equal(np.asarray(plus_tvm.compile(model, "llvm")(x)), want)
