@@ -22,6 +22,16 @@
 // [T, B, Hkv, D] views, read in place through strides, whose last position is the new token's
 // slot; the new token's keys and values (two more inputs, one position) are copied into that
 // slot first.
+//
+// One query position (a decode step, Sq == 1) runs a direct loop instead (DecodeAttention): the
+// keys' length grows by one every step, so a oneDNN plan keyed by the shapes would be created
+// anew at every call (three primitives, 100-900 us at 8 heads of 32 dims, more than the
+// attention itself). Per (batch, head): the scores over the keys (dot products over D,
+// vectorised), the softmax, and the probabilities' weighted sum of v, each row of k and v read
+// once through strides; batch x heads split over OpenMP's threads when there is enough work.
+// Numerics as the primitives': float32 scores, scale and masks, float32 softmax, the
+// probabilities rounded once to a half call's dtype, float32 accumulation with v, one rounding
+// into ``out``.
 
 #include <cmath>
 #include <limits>
@@ -114,6 +124,151 @@ memory::desc Squeezed(const memory::desc& d, bool squeeze) {
                       memory::dims{st[0], st[1], st[3], st[4]});
 }
 
+
+// ------------------------------------------------------------------------ decode (Sq == 1)
+
+inline float HalfToF32(uint16_t x) {  // bfloat16 bits
+  uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t F32ToHalf(float f) {  // bfloat16, round to nearest even (NaN kept quiet)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) float DotF32(const float* a,
+                                                                           const float* b,
+                                                                           int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+// ``a`` already widened to float32, ``b`` bfloat16
+__attribute__((target_clones("avx512f", "avx2", "default"))) float DotHalf(const float* a,
+                                                                            const uint16_t* b,
+                                                                            int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u = static_cast<uint32_t>(b[i]) << 16;
+    float x;
+    std::memcpy(&x, &u, 4);
+    acc += a[i] * x;
+  }
+  return acc;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void AxpyF32(float p, const float* x,
+                                                                           float* acc, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) acc[i] += p * x[i];
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void AxpyHalf(float p,
+                                                                            const uint16_t* x,
+                                                                            float* acc,
+                                                                            int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u = static_cast<uint32_t>(x[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    acc[i] += p * f;
+  }
+}
+
+struct DecodeArgs {
+  const char* q;
+  const char* k;
+  const char* v;
+  char* out;
+  const char* mask = nullptr;
+  bool mask_half = false;  // the mask in bfloat16 (else float32)
+  int64_t mask_dims[4] = {1, 1, 1, 1};  // broadcast to [B, H, 1, Sk]
+  int64_t qs[4], ks[4], vs[4], os[4];   // [B, H, S, D] strides of each, in elements
+  int64_t B, H, G, SK, D, DV;           // G: kv heads
+  float scale;
+  bool half;  // bfloat16 (else float32)
+  bool causal;
+};
+
+// softmax(q k^T * scale + mask) v for one query position of every (batch, head)
+void DecodeAttention(const DecodeArgs& a) {
+  const int64_t tasks = a.B * a.H, rep = a.H / a.G, elem = a.half ? 2 : 4;
+  const int64_t work = tasks * a.SK * (a.D + a.DV);
+  const int64_t m3 = a.mask_dims[3], m2 = a.mask_dims[2] * m3, m1 = a.mask_dims[1] * m2;
+#pragma omp parallel for schedule(static) if (work >= 65536)
+  for (int64_t t = 0; t < tasks; ++t) {
+    thread_local std::vector<float> buffer;
+    const int64_t b = t / a.H, h = t % a.H, g = h / rep;
+    if (static_cast<int64_t>(buffer.size()) < a.SK + a.D + a.DV) buffer.resize(a.SK + a.D + a.DV);
+    float* s = buffer.data();
+    float* qf = s + a.SK;
+    float* acc = qf + a.D;
+    const char* qrow = a.q + (b * a.qs[0] + h * a.qs[1]) * elem;
+    const char* kbase = a.k + (b * a.ks[0] + g * a.ks[1]) * elem;
+    const char* vbase = a.v + (b * a.vs[0] + g * a.vs[1]) * elem;
+    if (a.half) {
+      const uint16_t* qh = reinterpret_cast<const uint16_t*>(qrow);
+      for (int64_t d = 0; d < a.D; ++d) qf[d] = HalfToF32(qh[d]);
+      for (int64_t j = 0; j < a.SK; ++j) {
+        s[j] = DotHalf(qf, reinterpret_cast<const uint16_t*>(kbase + j * a.ks[2] * elem), a.D);
+      }
+    } else {
+      const float* q32 = reinterpret_cast<const float*>(qrow);
+      for (int64_t j = 0; j < a.SK; ++j) {
+        s[j] = DotF32(q32, reinterpret_cast<const float*>(kbase + j * a.ks[2] * elem), a.D);
+      }
+    }
+    // scale, masks, the softmax in float32
+    const int64_t mrow = (a.mask_dims[0] == 1 ? 0 : b) * m1 + (a.mask_dims[1] == 1 ? 0 : h) * m2;
+    const float ninf = -std::numeric_limits<float>::infinity();
+    float top = ninf;
+    for (int64_t j = 0; j < a.SK; ++j) {
+      float x = s[j] * a.scale;
+      if (a.mask != nullptr) {
+        int64_t at = mrow + (m3 == 1 ? 0 : j);
+        x += a.mask_half ? HalfToF32(reinterpret_cast<const uint16_t*>(a.mask)[at])
+                         : reinterpret_cast<const float*>(a.mask)[at];
+      }
+      if (a.causal && j > 0) x = ninf;  // top-left aligned: query 0 sees key 0
+      s[j] = x;
+      top = std::max(top, x);
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j < a.SK; ++j) {
+      s[j] = std::exp(s[j] - top);
+      sum += s[j];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t d = 0; d < a.DV; ++d) acc[d] = 0.f;
+    for (int64_t j = 0; j < a.SK; ++j) {
+      float p = s[j] * inv;
+      if (a.half) {
+        p = HalfToF32(F32ToHalf(p));  // the probabilities in the call's dtype
+        AxpyHalf(p, reinterpret_cast<const uint16_t*>(vbase + j * a.vs[2] * elem), acc, a.DV);
+      } else {
+        AxpyF32(p, reinterpret_cast<const float*>(vbase + j * a.vs[2] * elem), acc, a.DV);
+      }
+    }
+    char* orow = a.out + (b * a.os[0] + h * a.os[1]) * elem;
+    if (a.half) {
+      uint16_t* o = reinterpret_cast<uint16_t*>(orow);
+      for (int64_t d = 0; d < a.DV; ++d) o[d] = F32ToHalf(acc[d]);
+    } else {
+      std::memcpy(orow, acc, a.DV * 4);
+    }
+  }
+}
+
 struct Plan {
   dnnl::matmul scores;
   dnnl::softmax_forward softmax;
@@ -142,7 +297,17 @@ class Attention : public KernelBase {
     const DLTensor* mask = cfg->mask ? call.inputs[3 + 2 * cfg->cache] : nullptr;
     const DLTensor* out = call.out;
     memory::data_type dt, mask_dt = memory::data_type::f32;
-    if (!CallType(q, &dt)) return Fallback(args, rv);
+    // one query (a decode step) in bfloat16 runs the direct loop, which widens to float32
+    // itself, on any CPU; oneDNN's primitives only where the CPU computes the dtype
+    bool direct_only = false;
+    if (!CallType(q, &dt)) {
+      bool one_query = q->ndim == 4 && q->shape[cfg->bshd ? 1 : 2] == 1;
+      if (!(one_query && IsCpuCompact(q) && DataTypeOf(q->dtype, &dt) &&
+            dt == memory::data_type::bf16)) {
+        return Fallback(args, rv);
+      }
+      direct_only = true;
+    }
     for (const DLTensor* t : {k, v, out}) {
       if (!IsCpuCompactOf(t, dt)) return Fallback(args, rv);
     }
@@ -156,7 +321,7 @@ class Attention : public KernelBase {
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || out->ndim != 4) {
       return Fallback(args, rv);
     }
-    int64_t dims[4][4], strides[4];  // [B, H, S, D] of q, k, v, out
+    int64_t dims[4][4], strides[4][4];  // [B, H, S, D] of q, k, v, out
     const DLTensor* ts[4] = {q, k, v, out};
     Layout layouts[4];
     for (int i = 0; i < 4; ++i) {
@@ -164,7 +329,7 @@ class Attention : public KernelBase {
       layouts[i] = (i == 1 || i == 2) && cfg->cache ? Layout::kTBHD
                    : bshd                           ? Layout::kBSHD
                                                     : Layout::kBHSD;
-      HeadDims(ts[i], layouts[i], dims[i], strides);
+      HeadDims(ts[i], layouts[i], dims[i], strides[i]);
     }
     // k and v share their heads, q and out theirs, a multiple of k's (grouped-query)
     bool agree = dims[0][0] == dims[1][0] && dims[0][0] == dims[2][0] && dims[0][0] == dims[3][0] &&
@@ -186,6 +351,32 @@ class Attention : public KernelBase {
       }
     }
     if (cfg->causal && sq > sk) return Fallback(args, rv);  // rows with no key: torch's NaN
+    if (direct_only && sq != 1) return Fallback(args, rv);
+    if (sq == 1 && (dt == memory::data_type::f32 || dt == memory::data_type::bf16)) {
+      if (cfg->cache) WriteSlot(k, k_new, v, v_new);
+      DecodeArgs a;
+      a.q = reinterpret_cast<const char*>(DataOf(q));
+      a.k = reinterpret_cast<const char*>(DataOf(k));
+      a.v = reinterpret_cast<const char*>(DataOf(v));
+      a.out = reinterpret_cast<char*>(DataOf(out));
+      if (mask != nullptr) {
+        a.mask = reinterpret_cast<const char*>(DataOf(mask));
+        a.mask_half = mask_dt != memory::data_type::f32;
+        for (int i = 0; i < mask->ndim; ++i) a.mask_dims[4 - mask->ndim + i] = mask->shape[i];
+      }
+      std::copy_n(strides[0], 4, a.qs), std::copy_n(strides[1], 4, a.ks);
+      std::copy_n(strides[2], 4, a.vs), std::copy_n(strides[3], 4, a.os);
+      a.B = dims[0][0], a.H = dims[0][1], a.G = dims[1][1], a.SK = sk;
+      a.D = dims[0][3], a.DV = dims[2][3];
+      a.scale = cfg->has_scale ? cfg->scale : 1.f / std::sqrt(static_cast<float>(a.D));
+      a.half = dt != memory::data_type::f32;
+      a.causal = cfg->causal;
+      DecodeAttention(a);
+      if (cfg->zero_masked && mask != nullptr) {
+        ZeroMaskedRows(mask, mask_dt, out, dims[3], cfg->out_bshd);
+      }
+      return Done(start);
+    }
 
     IntKey key;
     key.Add(reinterpret_cast<int64_t>(cfg));
@@ -201,14 +392,7 @@ class Attention : public KernelBase {
       return MakePlan(*cfg, layouts, dims[1][1], q, k, v, out, mask, sq, sk, dt);
     });
     if (plan == nullptr) return Fallback(args, rv);  // oneDNN has no primitive for it
-    if (cfg->cache) {  // the new token into the last slot: one [B, Hkv, D] row of the cache
-      const int64_t elem = k->dtype.bits / 8;
-      for (auto [cache, fresh] : {std::pair{k, k_new}, std::pair{v, v_new}}) {
-        int64_t row = NumelOf(fresh) * elem;
-        std::memcpy(reinterpret_cast<char*>(DataOf(cache)) + (cache->shape[0] - 1) * row,
-                    DataOf(fresh), row);
-      }
-    }
+    if (cfg->cache) WriteSlot(k, k_new, v, v_new);
     std::shared_ptr<void> owner = plan;
     // this thread's scratch: the scores, the probabilities (in a half call), then each
     // primitive's own scratchpad after them
@@ -253,6 +437,17 @@ class Attention : public KernelBase {
   size_t NumPlans() override { return plans_.size(); }
 
  private:
+  // the new token into the cache's last slot: one [B, Hkv, D] row of k and of v
+  static void WriteSlot(const DLTensor* k, const DLTensor* k_new, const DLTensor* v,
+                        const DLTensor* v_new) {
+    const int64_t elem = k->dtype.bits / 8;
+    for (auto [cache, fresh] : {std::pair{k, k_new}, std::pair{v, v_new}}) {
+      int64_t row = NumelOf(fresh) * elem;
+      std::memcpy(reinterpret_cast<char*>(DataOf(cache)) + (cache->shape[0] - 1) * row,
+                  DataOf(fresh), row);
+    }
+  }
+
   // rows [b, h, i, :] of ``out`` whose mask row (broadcast to [B, H, Sq, Sk]) is all -inf
   // become 0, as SDPA's safe softmax returns (the softmax of such a row is NaN)
   static void ZeroMaskedRows(const DLTensor* mask, memory::data_type mask_dt,
