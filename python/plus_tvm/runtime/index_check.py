@@ -60,6 +60,27 @@ def _parsed(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(fields.items())
 
 
+@functools.lru_cache(maxsize=1024)
+def _flags(text: str) -> tuple[bool, bool]:
+    """``(neg, last)`` of a config, once per config (the check runs at every decode step)."""
+    fields = parse(text)
+    return fields.get("neg") == "1", fields.get("last") == "1"
+
+
+def _in_range(values: np.ndarray, extent: int, negative: bool) -> bool:
+    """Every value in ``[0, extent)`` (``[-extent, extent)`` with ``negative``): the common
+    case of a check against one extent, two reductions (a decode step's few ids: 2-3 us
+    against 10 for :func:`first_out_of_range`'s masks)."""
+    if values.size == 0:
+        return True
+    if values.size <= 64:  # (a few ids: Python's min / max on a list beat two numpy reductions)
+        flat = values.ravel().tolist()
+        low, high = min(flat), max(flat)
+    else:
+        low, high = int(values.min()), int(values.max())
+    return low >= (-extent if negative else 0) and high < extent
+
+
 def first_out_of_range(
     values: np.ndarray, extents: list[int], negative: bool, last: bool
 ) -> tuple[tuple[int, ...], int, int, int] | None:
@@ -97,17 +118,18 @@ def run(indices: object, extents: object, config: str) -> object:
     """
     import tvm
 
-    fields = parse(config)
+    negative, last = _flags(config)
     if indices.device.dlpack_device_type() == 1:  # kDLCPU: read in place
         values = np.from_dlpack(indices)
+        dtype = str(values.dtype)  # (numpy's name, TVM's too; cheaper than indices.dtype)
     else:
         values = indices.numpy()
-    found = first_out_of_range(
-        values, [int(e) for e in extents], fields.get("neg") == "1", fields.get("last") == "1"
-    )
-    if found is not None:
-        raise RuntimeError(message(fields, found, values.shape))
-    copy = tvm.runtime.empty(indices.shape, indices.dtype, indices.device)
+        dtype = indices.dtype
+    if last or not _in_range(values, int(extents[0]), negative):
+        found = first_out_of_range(values, [int(e) for e in extents], negative, last)
+        if found is not None:
+            raise RuntimeError(message(parse(config), found, values.shape))
+    copy = tvm.runtime.empty(values.shape, dtype, indices.device)
     indices.copyto(copy)  # (a device copy: 4 us for a decode step's ids, 14 through numpy)
     return copy
 
