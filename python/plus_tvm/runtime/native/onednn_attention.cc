@@ -51,6 +51,7 @@ struct AttentionConfig {
   bool mask = false;
   bool zero_masked = false;  // a query whose mask row is all -inf gets 0 (SDPA's safe softmax)
   bool cache = false;        // k, v are [T, B, Hkv, D] caches; k_new, v_new fill the last slot
+  bool slot = false;         // a slot tensor names the position instead: not run natively
   bool known = false;  // every item understood (a key and value of the kernel's spec)
   bool native = false;
 
@@ -76,10 +77,11 @@ AttentionConfig ParseAttentionConfig(const std::string& text) {
     if (key == "mask") return ParseFlag(value, &cfg.mask);
     if (key == "zero_masked") return ParseFlag(value, &cfg.zero_masked);
     if (key == "cache") return ParseFlag(value, &cfg.cache);
+    if (key == "slot") return ParseFlag(value, &cfg.slot);
     return false;
   });
   cfg.known = ok;
-  cfg.native = ok;
+  cfg.native = ok && !cfg.slot;
   return cfg;
 }
 
