@@ -17,6 +17,7 @@ def compile_lm(
     options: Options | None = None,
     max_batch: int = 8,
     max_length: int = 2048,
+    decode_buckets: object = "auto",
 ) -> CompiledLM:
     """Compile a transformers causal LM (or a module with the same ``forward(input_ids,
     attention_mask, past_key_values, ...) -> logits`` contract) for text generation.
@@ -28,6 +29,18 @@ def compile_lm(
     are dispatched as in a forward pass). Both steps take the same weight buffers (one copy of
     each weight, placed on the device once: :mod:`plus_tvm.shared_weights`). The module is
     not changed.
+
+    Parameters
+    ----------
+    decode_buckets : "auto", True or False
+        The decode step's form. ``True``: the bucketed decode, whose shapes a CUDA graph can
+        replay: the past is a length bucket (a multiple of a step ``S``: 64, or the power of
+        two that makes ``ceil(max_length / S)`` at least 4 and at most
+        ``options.cuda_graph_max_sizes``), the new token's slot a device tensor input, the
+        batch padded to 1, 2, 4, ... ``max_batch``; attention then runs over the bucket's
+        ``Lb`` positions instead of ``past + 1``. ``False``: the past is exactly the tokens
+        so far (one shape per token). ``"auto"`` (default): bucketed on CUDA targets.
+        ``stats["decode_buckets"]`` says which and how many shapes.
 
     Returns
     -------
@@ -41,7 +54,7 @@ def compile_lm(
     from ..shared_weights import share_weights
     from .checks import Limits
     from .compiled_lm import CompiledLM
-    from .export import export_steps
+    from .export import bucket_step, export_steps
     from .step_module import cache_argument
 
     if not isinstance(model, torch.nn.Module):
@@ -53,6 +66,10 @@ def compile_lm(
             raise OptionsError(f"compile_lm: {name} must be an int >= {low}, got {value!r}")
     cache_argument(model)  # (refuses a module without a KV cache before anything else)
     options = options or Options()
+    if decode_buckets not in ("auto", True, False):
+        raise OptionsError(
+            f"compile_lm: decode_buckets must be 'auto', True or False, got {decode_buckets!r}"
+        )
     if any(m.training for m in model.modules()):
         if options.train_mode != "eval":
             raise ModelLoadError(
@@ -65,7 +82,13 @@ def compile_lm(
     config = getattr(model, "config", None)
     max_length = min(max_length, _position_limit(config) or max_length)
     vocab = _vocab_size(model, config)
-    programs = export_steps(model, vocab, max_batch, max_length)
+    if decode_buckets == "auto":
+        from ..target import resolve_target
+
+        decode_buckets = resolve_target(target).kind.name == "cuda"
+    # (at least 4 buckets: the export's example must lie strictly inside their range)
+    bucket = bucket_step(max_length, max(options.cuda_graph_max_sizes, 4)) if decode_buckets else 0
+    programs = export_steps(model, vocab, max_batch, max_length, bucket)
     prefill = plus_compile(programs.prefill, target, options=options)
     decode = plus_compile(programs.decode, target, options=options)
     share_weights([prefill, decode])  # (each compile copied every weight: held once now)
@@ -73,7 +96,9 @@ def compile_lm(
     eos = getattr(generation, "eos_token_id", None)
     pad = getattr(generation, "pad_token_id", None)
     limits = Limits(max_batch, max_length, vocab)
-    return CompiledLM(prefill, decode, programs.layout, limits, eos, pad, type(model).__name__)
+    return CompiledLM(
+        prefill, decode, programs.layout, limits, eos, pad, type(model).__name__, programs.bucket
+    )
 
 
 def _position_limit(config: object) -> int | None:

@@ -10,7 +10,7 @@ import torch
 from ..compiled_model import CompiledModel
 from ..shared_weights import held_weights
 from .checks import Limits, as_ids, check_request, eos_ids
-from .export import MIN_DECODE_PAST, CacheLayout
+from .export import MIN_DECODE_PAST, CacheLayout, batch_buckets
 from .kv_cache import KVCache
 from .sampling import Sampling
 
@@ -30,6 +30,14 @@ class CompiledLM:
       (``[past, batch, kv_heads, head_dim]`` each); returns the logits and the new token's
       keys and values (``[1, batch, kv_heads, head_dim]``).
 
+    - the bucketed decode (``decode_bucket`` = the length step ``S`` > 0, :func:`compile_lm`'s
+      ``decode_buckets``): ``decode(input_ids, attention_mask, position_ids, *past, slot)``
+      with ``past`` of a bucket's length ``Lb = S * m``, ``attention_mask`` ``[batch, m,
+      S]`` (0 after the slot) and ``slot`` an int64 tensor ``[1]``, the new
+      token's position in ``past`` (written there by the step's attention). ``generate``
+      pads the batch to a bucket of ``batch_buckets`` (dummy rows, mask all 0), so the step
+      runs at most ``len(batch_buckets) x length buckets`` shapes (a CUDA graph each).
+
     :meth:`generate` runs that loop with transformers' meanings. ``stats`` holds both steps'
     compile statistics, the KV cache's memory and the weights' (``weights``: the distinct
     buffers both steps hold, one per weight when they share them as :func:`compile_lm` makes
@@ -45,6 +53,7 @@ class CompiledLM:
         eos_token_id: object = None,
         pad_token_id: int | None = None,
         name: str = "model",
+        decode_bucket: int = 0,
     ) -> None:
         self.prefill = prefill
         self.decode = decode
@@ -53,7 +62,10 @@ class CompiledLM:
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.name = name
-        self._cache = KVCache(layout)
+        self.decode_bucket = decode_bucket
+        self.batch_buckets = batch_buckets(limits.max_batch) if decode_bucket else []
+        self._device = _torch_device(decode.device) if decode_bucket else None
+        self._cache = KVCache(layout, decode_bucket, self._device)
         self._lock = threading.Lock()  # one request at a time uses the cache buffers
 
     @property
@@ -81,8 +93,23 @@ class CompiledLM:
             },
             # the weight buffers both steps hold together (shared: each weight once)
             "weights": held_weights([self.prefill, self.decode]),
+            "decode_buckets": self._bucket_stats(),
             "prefill": self.prefill.stats,
             "decode": self.decode.stats,
+        }
+
+    def _bucket_stats(self) -> dict[str, object]:
+        """The bucketed decode's shapes: each (batch bucket, length bucket) is one shape of
+        the step, one CUDA graph per captured region on a CUDA target."""
+        if not self.decode_bucket:
+            return {"enabled": False}
+        lengths = -(-self.max_length // self.decode_bucket)
+        return {
+            "enabled": True,
+            "length_step": self.decode_bucket,
+            "length_buckets": lengths,
+            "batch_buckets": list(self.batch_buckets),
+            "shapes": lengths * len(self.batch_buckets),
         }
 
     def __repr__(self) -> str:
@@ -132,7 +159,12 @@ class CompiledLM:
             return self._loop(ids, mask, new, sampling, eos, pad)
 
     def _decode_step(
-        self, token: torch.Tensor, mask: torch.Tensor, position: torch.Tensor, past: list
+        self,
+        token: torch.Tensor,
+        mask: torch.Tensor,
+        position: torch.Tensor,
+        past: list,
+        *slot: torch.Tensor,
     ) -> list:
         """The decode step on the cache buffers themselves: on the CPU the past goes to the VM
         as views of the buffers (DLPack, no copy; ``self.decode(...)`` copies every input), and
@@ -142,11 +174,33 @@ class CompiledLM:
         from ..compiled_model import _is_cpu
 
         if not _is_cpu(self.decode.device):
-            return self.decode(token, mask, position, *past)
+            return self.decode(token, mask, position, *past, *slot)
         small = [tvm.runtime.tensor(t.numpy(), self.decode.device) for t in (token, mask, position)]
         views = [tvm.runtime.from_dlpack(p) for p in past]
-        out = self.decode.run_prepared(small + views)
+        last = [tvm.runtime.tensor(t.numpy(), self.decode.device) for t in slot]
+        out = self.decode.run_prepared(small + views + last)
         return [torch.from_dlpack(leaf) for leaf in out]
+
+    def _bucketed_step(
+        self, token: torch.Tensor, mask: torch.Tensor, position: torch.Tensor, known: int
+    ) -> tuple[torch.Tensor, list]:
+        """One bucketed decode step: the new token at position ``known`` of the cache, the
+        past the length bucket holding it, the batch padded to the cache's batch bucket with
+        dummy rows (token 0, mask all 0, position 1); the real rows' logits and keys/values."""
+        batch, padded = token.shape[0], self._cache.batch
+        lb = -(-(known + 1) // self.decode_bucket) * self.decode_bucket
+        ids = torch.zeros(padded, 1, dtype=torch.long)
+        ids[:batch] = token[:, None]
+        positions = torch.ones(padded, 1, dtype=torch.long)
+        positions[:batch] = position
+        masks = torch.zeros(padded, lb, dtype=mask.dtype)
+        masks[:batch, : known + 1] = mask
+        masks = masks.view(padded, lb // self.decode_bucket, self.decode_bucket)
+        small = [ids, masks, positions, torch.tensor([known])]
+        if self._device is not None:
+            small = [t.to(self._device) for t in small]
+        logits, *fresh = self._decode_step(*small[:3], self._cache.past(lb), small[3])
+        return torch.as_tensor(logits)[:batch].cpu(), fresh
 
     def _loop(
         self,
@@ -159,9 +213,14 @@ class CompiledLM:
     ) -> torch.Tensor:
         batch, length = ids.shape
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        self._cache.reserve(batch, length + new)
+        if self.decode_bucket:  # (the padded batch: a bucket of batch_buckets)
+            self._cache.reserve(next(b for b in self.batch_buckets if b >= batch), length + new)
+        else:
+            self._cache.reserve(batch, length + new)
         logits, *fresh = self.prefill(ids, mask, positions)
         self._cache.write(0, fresh)
+        if self.decode_bucket:
+            self._cache.clear_from(length)
         tokens = [ids]
         unfinished = torch.ones(batch, dtype=torch.bool)
         stop = torch.tensor(eos, dtype=torch.long)
@@ -176,7 +235,10 @@ class CompiledLM:
                 break
             mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=1)
             position = position + 1
-            if length < MIN_DECODE_PAST:  # (a one-token prompt: its second step is a prefill)
+            if self.decode_bucket:  # the slot at ``length`` of the bucket holding it
+                logits, fresh = self._bucketed_step(token, mask, position, length)
+                self._cache.write(length, [f[:, :batch] for f in fresh])
+            elif length < MIN_DECODE_PAST:  # (a one-token prompt: its second step is a prefill)
                 ids = torch.cat(tokens, dim=1)
                 logits, *fresh = self.prefill(ids, mask, torch.cat([positions, position], 1))
                 self._cache.write(0, fresh)
@@ -187,3 +249,12 @@ class CompiledLM:
                 self._cache.write(length, fresh)  # (where the attention did not write the slot)
             length += 1
         return torch.cat(tokens, dim=1)
+
+
+def _torch_device(device: object) -> torch.device | None:
+    """The torch device of a compiled step's TVM device (None: the CPU, the host's tensors)."""
+    from ..compiled_model import _is_cpu
+
+    if _is_cpu(device):
+        return None
+    return torch.device("cuda", device.index)

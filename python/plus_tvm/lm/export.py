@@ -5,6 +5,13 @@ decode takes them for one new token (``attention_mask`` covers the past and the 
 the past keys and values (``[past, batch, kv_heads, head_dim]`` each). ``batch`` is a symbolic
 dim up to ``max_batch``, ``length`` and ``past`` up to ``max_length``: one compile of each
 serves every size within them.
+
+The bucketed decode (``export_steps(..., bucket=S)``, for CUDA graphs) takes the past as a
+length bucket ``Lb = S * m`` (torch.export's derived dim: ``m`` takes at most
+``ceil(max_length / S)`` values, so a graph per value can be captured; the attention mask
+comes as ``[batch, m, S]``, so that ``m`` is a dim of an input) and the new token's
+slot as an int64 tensor ``[1]`` after the mask and positions (:class:`LMStep` with
+``slot=True``).
 """
 
 from __future__ import annotations
@@ -39,10 +46,33 @@ class CacheLayout:
 
 @dataclass(frozen=True)
 class StepPrograms:
-    prefill: torch.export.ExportedProgram
+    prefill: torch.export.ExportedProgram | None
     decode: torch.export.ExportedProgram
     layout: CacheLayout
     vocab_size: int
+    bucket: int = 0  # the bucketed decode's length step S (0: today's decode, past = slot + 1)
+
+
+def bucket_step(max_length: int, max_buckets: int, step: int = 64) -> int:
+    """The length step ``S`` of the bucketed decode: ``step`` (64), halved while fewer than 4
+    buckets would cover ``max_length`` (torch.export needs the example's bucket count strictly
+    inside its range, and a few buckets keep the padding short), doubled while more than
+    ``max_buckets`` would (each bucket is a CUDA graph per batch bucket: at most
+    ``cuda_graph_max_sizes`` values). At least 2."""
+    while step > 2 and -(-max_length // step) < 4:
+        step //= 2
+    while -(-max_length // step) > max(max_buckets, 1):
+        step *= 2
+    return step
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """The batch sizes a bucketed decode runs: 1, 2, 4, ... below ``max_batch``, and it."""
+    sizes, size = [], 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, max_batch]
 
 
 def _example(batch: int, length: int, vocab: int, start: int = 0) -> tuple[torch.Tensor, ...]:
@@ -53,9 +83,16 @@ def _example(batch: int, length: int, vocab: int, start: int = 0) -> tuple[torch
 
 
 def export_steps(
-    model: torch.nn.Module, vocab_size: int, max_batch: int, max_length: int
+    model: torch.nn.Module,
+    vocab_size: int,
+    max_batch: int,
+    max_length: int,
+    bucket: int = 0,
+    with_prefill: bool = True,
 ) -> StepPrograms:
-    """Export ``model``'s prefill and decode steps (the module is not changed)."""
+    """Export ``model``'s prefill and decode steps (the module is not changed); ``bucket``:
+    the bucketed decode's length step (module docstring), 0 for today's decode;
+    ``with_prefill=False``: the decode alone (``prefill`` None)."""
     step = LMStep(model)
     name = type(model).__name__
     batch = _EXAMPLE_BATCH if max_batch >= 2 else 1
@@ -77,15 +114,59 @@ def export_steps(
         tuple((int(t.shape[2]), int(t.shape[3])) for t in first[1:]), first[1].dtype
     )
     seq = {0: b_dim, 1: t_dim}
-    prefill = _export(step, (ids, mask, positions), (seq, seq, seq), name, "prefill")
+    prefill = (
+        _export(step, (ids, mask, positions), (seq, seq, seq), name, "prefill")
+        if with_prefill
+        else None
+    )
 
     new_ids, new_positions = _example(batch, 1, vocab_size, start=length)
+    one = {0: b_dim}
+    if bucket:
+        return StepPrograms(
+            prefill,
+            _export_bucketed(model, first[1:], new_ids, new_positions, b_dim, bucket, max_length),
+            layout,
+            vocab_size,
+            bucket,
+        )
     new_mask = torch.ones(batch, length + 1, dtype=torch.long)
     past = tuple(torch.cat([t, torch.zeros_like(t[:1])]) for t in first[1:])  # + the slot
-    one = {0: b_dim}
     shapes = (one, {0: b_dim, 1: total}, one, tuple({0: total, 1: b_dim} for _ in past))
     decode = _export(step, (new_ids, new_mask, new_positions, past), shapes, name, "decode")
     return StepPrograms(prefill, decode, layout, vocab_size)
+
+
+def _export_bucketed(
+    model: torch.nn.Module,
+    prompt_kv: tuple,
+    new_ids: torch.Tensor,
+    new_positions: torch.Tensor,
+    b_dim: object,
+    bucket: int,
+    max_length: int,
+) -> torch.export.ExportedProgram:
+    """The bucketed decode: past ``[bucket * m, batch, heads, dim]``, the slot a tensor."""
+    known = prompt_kv[0].shape[0]
+    buckets = -(-max_length // bucket)
+    example = max(2, -(-(known + 1) // bucket))  # (not 1: torch.export specializes it)
+    # (the example strictly inside the range, as for the batch: a tiny max_length gets one
+    # bucket more than it can use)
+    m = torch.export.Dim("buckets", min=1, max=max(buckets, example + 1))
+    total = bucket * m
+    lb = bucket * example
+    batch = new_ids.shape[0]
+    past = tuple(
+        torch.cat([t, torch.zeros(lb - known, *t.shape[1:], dtype=t.dtype)]) for t in prompt_kv
+    )
+    mask = torch.zeros(batch, lb, dtype=torch.long)
+    mask[:, : known + 1] = 1
+    mask = mask.view(batch, example, bucket)  # ([batch, m, S]: m a dim TVM can read)
+    slot = torch.tensor([known])
+    one = {0: b_dim}
+    shapes = (one, {0: b_dim, 1: m}, one, tuple({0: total, 1: b_dim} for _ in past), None)
+    args = (new_ids, mask, new_positions, past, slot)
+    return _export(LMStep(model, slot=True), args, shapes, type(model).__name__, "decode")
 
 
 @contextlib.contextmanager

@@ -11,6 +11,13 @@ position and the keys and values of the new positions only (``[new, batch, kv_he
 head_dim]``), which the caller writes into its buffer. Everything the model does with the
 cache (rotary positions, sliding windows, ALiBi, multi-query heads, masks of left-padded
 prompts) is the model's own code, traced by ``torch.export``.
+
+The bucketed decode (``LMStep(model, slot=True)``, for CUDA graphs) takes one more input,
+``slot``: an int64 tensor ``[1]`` holding the new token's position in the past, which is then
+a length bucket ``Lb = S * m`` (a multiple of a step, :mod:`.export`) rather than ``slot + 1``
+(the attention mask comes as ``[batch, m, S]``):
+positions after the slot are masked (their mask is 0) and never count, so every step of a
+bucket has the same shapes and the same cache views.
 """
 
 from __future__ import annotations
@@ -45,8 +52,9 @@ def cache_argument(model: nn.Module) -> str:
 class LMStep(nn.Module):
     """One prefill (``past`` empty) or decode step of ``model`` (see the module docstring)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, slot: bool = False) -> None:
         super().__init__()
+        self.slot = slot  # the bucketed decode: the slot is an input (module docstring)
         params = forward_parameters(model)
         self.cache_argument = cache_argument(model)
         self.model = model
@@ -60,11 +68,22 @@ class LMStep(nn.Module):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         past: tuple[torch.Tensor, ...] = (),
+        slot: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
         from transformers import DynamicCache
 
         new = input_ids.shape[1]
-        if past:  # the last position of ``past`` is the slot the new token fills
+        if slot is not None:  # bucketed: ``slot`` is the new token's position, a tensor
+            # (the mask comes as [batch, m, S], m the bucket count: a plain dim, from which
+            # TVM's VM reads m; the past's S * m alone does not tell it)
+            attention_mask = attention_mask.flatten(1)
+            known = slot
+            cache = DynamicCache()
+            cache.layers = [
+                slot_layer(_heads_first(past[i]), _heads_first(past[i + 1]), slot, bucket=True)
+                for i in range(0, len(past), 2)
+            ]
+        elif past:  # the last position of ``past`` is the slot the new token fills
             known = past[0].shape[0] - new
             cache = DynamicCache()
             cache.layers = [
@@ -83,7 +102,11 @@ class LMStep(nn.Module):
         if self.takes_positions:
             kwargs["position_ids"] = position_ids
         if self.takes_cache_position:
-            kwargs["cache_position"] = torch.arange(known, known + new, device=input_ids.device)
+            kwargs["cache_position"] = (
+                slot  # (one new token: its position in the cache)
+                if slot is not None
+                else torch.arange(known, known + new, device=input_ids.device)
+            )
         if self.takes_logits_to_keep:
             kwargs["logits_to_keep"] = 1
         out = self.model(**kwargs)
@@ -105,17 +128,34 @@ def _heads_first(past: torch.Tensor) -> torch.Tensor:
     return past.permute(1, 2, 0, 3)
 
 
-def slot_layer(keys: torch.Tensor, values: torch.Tensor, known: object) -> object:
+def slot_layer(
+    keys: torch.Tensor, values: torch.Tensor, known: object, bucket: bool = False
+) -> object:
     """A transformers cache layer over ``[batch, heads, known + 1, dim]`` keys and values whose
     last position is the new token's slot: ``update`` writes the new token there by a select,
     not a concatenation, so that every length in the step is the one symbolic length of the
     inputs (a concatenation's ``(length - 1) + 1`` is a length TVM's shape inference cannot
-    prove equal to the mask's: BLOOM's ALiBi scores lost their shape)."""
+    prove equal to the mask's: BLOOM's ALiBi scores lost their shape).
+
+    ``bucket``: ``known`` is a tensor ``[1]``, the slot anywhere in a past of a bucket's
+    length ``Lb``; the masks are made over all ``Lb`` positions (``get_mask_sizes``), the
+    causal one from the ``cache_position`` (the slot) the step passes, so the positions after
+    the slot are masked (the causal and sliding-window masks count from the query's offset,
+    ``get_seq_length``: the slot)."""
     from transformers.cache_utils import DynamicLayer
+
+    length = keys.shape[-2]
 
     class SlotLayer(DynamicLayer):
         def get_seq_length(self) -> object:
+            # (bucketed: the slot tensor; transformers' masks take it as the query's offset,
+            # which a sliding window counts back from)
             return known
+
+        def get_mask_sizes(self, query_length: int) -> tuple[object, int]:
+            if bucket:
+                return length, 0
+            return super().get_mask_sizes(query_length)
 
         def update(self, key_states, value_states, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
             if key_states.shape[-2] != 1:

@@ -10,7 +10,10 @@ cache: ``plus.attention(q, k, v, k_new, v_new, [mask], config, out)``, k and v t
 ``[T, B, Hkv, D]`` views whose last position is the new token's slot, read in place; ``k_new``
 and ``v_new``, one position in ``layout``, are written into that slot first). k and v may have
 fewer heads than q (grouped-query attention: query head ``h`` reads kv head
-``h // (H / Hkv)``).
+``h // (H / Hkv)``). ``slot=1`` (with ``cache=1``, the bucketed decode): one more input after
+``v_new``, an int64 device tensor ``[1]``, the slot's position in the cache (not the last
+one); the new token is written there with ``index_copy_`` (no host sync: capturable in a CUDA
+graph). Not run natively (the C++ kernel writes the last slot): the torch path runs it.
 
 Runs ``torch.nn.functional.scaled_dot_product_attention``: flash attention on CPU and on CUDA
 (or memory-efficient/cuDNN attention where flash does not apply). ``bshd`` inputs are passed as
@@ -33,6 +36,7 @@ ATTENTION_SPEC = ConfigSpec(
     mask=flag(),
     zero_masked=flag(),
     cache=flag(),
+    slot=flag(),
 )
 
 
@@ -63,7 +67,10 @@ class Attention(LibraryKernel):
         self.causal_masks.clear()
 
     def num_inputs(self, cfg) -> int:
-        return 3 + 2 * cfg.cache + cfg.mask
+        return 3 + 2 * cfg.cache + (cfg.cache and cfg.slot) + cfg.mask
+
+    def native_config(self, cfg: tuple) -> bool:
+        return bool(self.native_dtypes) and not cfg.slot  # (native: the last slot only)
 
     def check(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         for t in inputs[: 3 + 2 * cfg.cache]:
@@ -111,7 +118,12 @@ class Attention(LibraryKernel):
 
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         q, k, v = inputs[0], inputs[1], inputs[2]
-        if cfg.cache:  # the new token into the slot, then the cache read in place as bhsd
+        if cfg.cache and cfg.slot:  # the new token at the slot tensor's position
+            at = inputs[5].reshape(1)
+            for cache, new in ((k, inputs[3]), (v, inputs[4])):
+                cache.index_copy_(0, at, new.reshape(1, *cache.shape[1:]))
+            k, v = k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3)
+        elif cfg.cache:  # the new token into the slot, then the cache read in place as bhsd
             for cache, new in ((k, inputs[3]), (v, inputs[4])):
                 cache[-1].copy_(new.reshape(cache[-1].shape))
             k, v = k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3)

@@ -11,7 +11,10 @@ Keys and values with fewer heads than the queries, repeated by ``repeat_kv`` (gr
 attention), are passed unrepeated. A decode step's keys and values that are the KV cache with
 the new token in its last position (``where(last, new, permute(cache))``, the select of
 ``lm.step_module.slot_layer``) are passed as the cache itself, read in place by the kernel,
-and the new token's (``cache=1``): neither the select nor the permute is computed.
+and the new token's (``cache=1``): neither the select nor the permute is computed. In the
+bucketed decode (``LMStep(slot=True)``) the slot is an int64 tensor input ``[1]`` anywhere in
+the cache (``where(arange(T) == slot, new, permute(cache))``): it is passed too (``slot=1``),
+the kernel writes the new token there.
 """
 
 from __future__ import annotations
@@ -222,9 +225,45 @@ def _is_last_position(ctx: Ctx, cond: relax.Expr, length: object) -> bool:
     )
 
 
-def _cache_append(ctx: Ctx, t: relax.Expr) -> tuple[relax.Expr, relax.Expr] | None:
-    """(cache, new) when ``t`` (``[B, H, T, D]``) is the cache (``[T, B, H, D]``) with its last
-    position replaced by ``new`` (``[B, H, 1, D]``): ``where(last, new, permute(cache))``."""
+def _slot_position(ctx: Ctx, cond: relax.Expr, length: object) -> relax.Var | None:
+    """The slot tensor when ``cond`` is ``(arange(length) == slot)[:, None]`` with ``slot`` an
+    int64 input of the function holding one position (the bucketed decode's), else None."""
+    if not _equal_dims(_dims(cond), [length, 1]):
+        return None
+    found = ctx.block_call(cond)
+    if found is None or ctx.op(found[0]) not in _VIEWS:
+        return None
+    found = ctx.block_call(found[1].args[0])
+    if found is None or ctx.op(found[0]) != "relax.equal":
+        return None
+    positions, slot = found[1].args
+    at = ctx.block_call(positions)
+    if at is None or ctx.op(at[0]) != "relax.arange" or len(at[1].args) != 3:
+        return None
+    if not isinstance(slot, relax.Var) or ctx.index(slot) is not None:
+        return None  # (a function input: defined before the attention, one for every layer)
+    if dtype_of(slot) != "int64" or not _equal_dims(_dims(slot), [1]):
+        return None
+    start, end, step = at[1].args
+    if not all(isinstance(a.ty, tvm.ir.PrimType) for a in (start, end, step)):
+        return None
+    analyzer = tvm.sym.Analyzer()
+    if not (
+        analyzer.can_prove_equal(start, 0)
+        and analyzer.can_prove_equal(step, 1)
+        and analyzer.can_prove_equal(end, length)
+    ):
+        return None
+    return slot
+
+
+def _cache_append(
+    ctx: Ctx, t: relax.Expr
+) -> tuple[relax.Expr, relax.Expr, relax.Var | None] | None:
+    """(cache, new, slot) when ``t`` (``[B, H, T, D]``) is the cache (``[T, B, H, D]``) with
+    one position replaced by ``new`` (``[B, H, 1, D]``): ``where(last, new, permute(cache))``
+    (``slot`` None: the last position) or ``where(arange(T) == slot, ...)`` with a slot
+    tensor input (:func:`_slot_position`)."""
     found = ctx.block_call(t)
     if found is None or ctx.op(found[0]) != "relax.where":
         return None
@@ -241,9 +280,12 @@ def _cache_append(ctx: Ctx, t: relax.Expr) -> tuple[relax.Expr, relax.Expr] | No
     if dims is None or len(dims) != 4 or not _equal_dims(_dims(t), _dims(old)):
         return None
     length, b, h, d = dims
-    if not _equal_dims(_dims(new), [b, h, 1, d]) or not _is_last_position(ctx, cond, length):
+    if not _equal_dims(_dims(new), [b, h, 1, d]):
         return None
-    return cache, _compact_new(ctx, new)
+    slot = None if _is_last_position(ctx, cond, length) else _slot_position(ctx, cond, length)
+    if slot is None and not _is_last_position(ctx, cond, length):
+        return None
+    return cache, _compact_new(ctx, new), slot
 
 
 def _written_safely(ctx: Ctx, cache: relax.Expr, permute: int, select: int) -> bool:
@@ -490,9 +532,10 @@ def _tensors(
             pre.append(pre_binding("plus_k", relax.op.broadcast_to(k[1], [b, heads, s, d])))
             return "bhsd", [q[1], pre[-1][0], v[1]], False
     k_app, v_app = _cache_append(ctx, k_src), _cache_append(ctx, v_src)
-    if k_app is not None and v_app is not None:
+    if k_app is not None and v_app is not None and _same_slot(k_app[2], v_app[2]):
         layout, qt = ("bshd", q[0]) if q[0] is not None else ("bhsd", q[1])
-        return layout, [qt, k_app[0], v_app[0], k_app[1], v_app[1]], True
+        slot = [] if k_app[2] is None else [k_app[2]]
+        return layout, [qt, k_app[0], v_app[0], k_app[1], v_app[1], *slot], True
     if not k_src.same_as(k[1]) or not v_src.same_as(v[1]):
         k, v = _head_input(ctx, k_src), _head_input(ctx, v_src)
         if k is None or v is None:
@@ -500,6 +543,11 @@ def _tensors(
     if all(t[0] is not None for t in (q, k, v)):
         return "bshd", [q[0], k[0], v[0]], False
     return "bhsd", [q[1], k[1], v[1]], False
+
+
+def _same_slot(a: relax.Var | None, b: relax.Var | None) -> bool:
+    """Keys and values are written at the same slot (both the last position, or one tensor)."""
+    return (a is None and b is None) or (a is not None and b is not None and a.same_as(b))
 
 
 def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
@@ -550,6 +598,8 @@ def bind_attention(ctx: Ctx, members: tuple[int, ...]) -> LibraryCall | None:
         cfg["zero_masked"] = True
     if cache:
         cfg["cache"] = True
+        if len(tensors) == 6:  # (the bucketed decode's slot tensor, after k_new and v_new)
+            cfg["slot"] = True
     args = [*tensors] + ([mask] if mask is not None else [])
     return LibraryCall(ATTENTION_SPEC, args, cfg, cur, absorbed, pre)
 
