@@ -17,7 +17,7 @@ import time
 import tvm
 from tvm import relax
 
-from . import avoiding_options, interrupt, quiet
+from . import avoiding_options, interrupt, quiet, schedule_fallback
 from .compile_inputs import resolve_inputs
 from .compiled_model import CompiledModel, ModelIO, WeightSource, load, share_tied_weights
 from .cuda_graph_report import cuda_graph_report
@@ -34,8 +34,9 @@ from .index_inputs import index_input_ranges
 from .ir_dump import PhaseDumper
 from .loader import LoadedModel, load_model
 from .options import Options
-from .pipeline import PHASE_NAMES, phase_passes
+from .pipeline import PHASE_NAMES, phase_passes, schedule_phase
 from .progress import CompileProgress
+from .schedule_fallback import BeforeSchedule
 from .signature import SIGNATURE_FUNCTION, InputSpec, signature_text
 from .stats import PipelineRecorder, contraction_flops, count_ops, host_nodes, kernel_stats
 from .target import resolve_target, target_name
@@ -92,18 +93,21 @@ def pre_lowering(
     dumper: PhaseDumper | None = None,
     recorder: PipelineRecorder | None = None,
     progress: CompileProgress | None = None,
+    before_schedule: BeforeSchedule | None = None,
 ) -> tuple[tvm.IRModule, dict[str, object]]:
     """Run phases 1-4 (or TVM's equivalent) on a loaded model and collect the statistics: the
     module :func:`compile` hands to code generation, and :func:`inspect`'s stats.
 
     ``options`` are the resolved ones (:func:`plus_tvm.compile_inputs.resolve_inputs`): they
-    are used as given. ``recorder`` collects the passes' reports (a new one if not given)."""
+    are used as given. ``recorder`` collects the passes' reports (a new one if not given);
+    ``before_schedule`` keeps the module phase 4 starts from (the build's fallback)."""
     if pipeline not in PIPELINES:
         raise PlusError(f"unknown pipeline {pipeline!r}; choose one of {list(PIPELINES)}")
     start = time.perf_counter()
     recorder = recorder or PipelineRecorder()
     tracker = _PassTracker(progress)
     instruments = [recorder, tracker] + ([dumper] if dumper is not None else [])
+    instruments += [before_schedule] if before_schedule is not None else []
     passes = (
         phase_passes(target, options, _PRE_LOWERING)
         if pipeline == "plus"
@@ -348,8 +352,12 @@ def _compile(
     dumper = PhaseDumper(options.dump_ir, PHASE_NAMES) if options.dump_ir else None
     recorder = PipelineRecorder()
     progress = CompileProgress(loaded.name)
+    fallback = pipeline == "plus" and options.schedule_fallback
+    before = BeforeSchedule() if fallback else None
     try:
-        mod, stats = pre_lowering(loaded, tgt, options, pipeline, dumper, recorder, progress)
+        mod, stats = pre_lowering(
+            loaded, tgt, options, pipeline, dumper, recorder, progress, before
+        )
         post = (
             phase_passes(tgt, options, _POST)
             if pipeline == "plus"
@@ -360,11 +368,17 @@ def _compile(
         specs = input_specs(loaded.mod)
         mod = with_signature(mod, signature_text(specs, len(weight_names)))
         with _context(instruments), _naming_the_pass(tracker, options, codegen=True):
-            executable = tvm.compile(
-                mod, tgt, relax_pipeline=tvm.transform.Sequential(post, name=f"{pipeline}.post")
+            executable, fallbacks = schedule_fallback.build(
+                mod,
+                tgt,
+                tvm.transform.Sequential(post, name=f"{pipeline}.post"),
+                before.mod if before is not None else None,
+                lambda m: tvm.transform.Sequential(schedule_phase(tgt, options, tvm_rules=True))(m),
             )
     finally:
         progress.close()
+    if fallbacks:  # kernels whose plus schedule TVM could not build: built with TVM's own
+        stats["schedule_fallbacks"] = [f.to_dict() for f in fallbacks]
     if _graphs(tgt, pipeline):
         stats["cuda_graph"] = _cuda_graph_stats(recorder, options)
     stats["compile_s"] = round(time.perf_counter() - start, 3)

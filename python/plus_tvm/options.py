@@ -153,6 +153,11 @@ class Options:
         F(2x2, 3x3), by its channels and output size (1.1-2.4x oneDNN's direct convolution on
         such layers here; ``runtime/native/winograd.h`` says where each runs); off: always
         direct.
+    schedule_fallback : bool
+        A kernel whose phase-4 schedule TVM's TIR lowering or code generation refuses is
+        built with the schedule TVM's own pipeline gives it (none on CPU, dlight's on GPU),
+        named in ``stats["schedule_fallbacks"]`` with its error and one warning
+        (:mod:`plus_tvm.schedule_fallback`); off: such a kernel fails the compile.
     propagate_nan : bool
         Phase 4: float ``max`` / ``min`` in the generated kernels (ReLU, clip, max pooling,
         max reductions) return NaN when an operand is NaN, as torch does (``PropagateNaN``);
@@ -212,6 +217,7 @@ class Options:
     cuda_graph_max_sizes: int = 32
     fold_constants: bool = True
     propagate_nan: bool = True
+    schedule_fallback: bool = True
     precision: str = "fp32"
     train_mode: str = "refuse"
     host_fallback: bool = True
@@ -263,6 +269,7 @@ class Options:
             "fusion_explain",
             "conv_winograd",
             "propagate_nan",
+            "schedule_fallback",
             "host_fallback",
         ):
             if not isinstance(getattr(self, name), bool):

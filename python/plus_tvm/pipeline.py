@@ -134,8 +134,13 @@ def fuse_phase(target: tvm.target.Target, options: Options) -> list[tvm.transfor
     return [fuse, relax.transform.FuseTIR()]
 
 
-def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.transform.Pass]:
-    """Phase 4: TensorIR schedules for the fused kernels, GIR rules (paper 002) first."""
+def schedule_phase(
+    target: tvm.target.Target, options: Options, *, tvm_rules: bool = False
+) -> list[tvm.transform.Pass]:
+    """Phase 4: TensorIR schedules for the fused kernels, GIR rules (paper 002) first.
+    ``tvm_rules``: the schedule TVM's own pipeline gives instead (none on CPU, dlight's default
+    rules on GPU), plus's semantic passes unchanged: what a kernel whose plus schedule fails to
+    build falls back to (:mod:`plus_tvm.schedule_fallback`)."""
     from tvm.s_tir import dlight as dl
 
     from . import schedules as s
@@ -147,9 +152,18 @@ def schedule_phase(target: tvm.target.Target, options: Options) -> list[tvm.tran
         PropagateNaN,
     )
 
-    gir = options.gir_enabled(target)  # default: CPU on, GPU off
+    gir = options.gir_enabled(target) and not tvm_rules  # default: CPU on, GPU off
     machine = compile_inputs.gir_machine(target, options) if gir else None
-    if _is_gpu(target):
+    if _is_gpu(target) and tvm_rules:
+        rules = [
+            # TVM's default CUDA pipeline's rules, its Matmul kept off the WMMA path (segfault)
+            s.MatmulWithoutTensorCores(),
+            dl.gpu.GEMV(),
+            dl.gpu.Reduction(),
+            dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback(),
+        ]
+    elif _is_gpu(target):
         rules = [s.GIRCUDA(budget=options.gir_search_budget, machine=machine)] if gir else []
         rules += [
             s.RecomputeReductionCUDA(),  # a squeeze-excite gate recomputed per thread
