@@ -35,6 +35,7 @@ from .errors import (
     UnknownModelError,
     UnsupportedOperatorError,
 )
+from .lm.saved import export_lm, load_lm  # (runtime side: a saved CompiledLM)
 from .options import Options
 from .signature import InputSpec
 
@@ -74,9 +75,11 @@ __all__ = [
     "UnsupportedOperatorError",
     "__version__",
     "compile",
+    "export_lm",
     "from_onnx",
     "from_torch",
     "inspect",
     "load",
+    "load_lm",
     "pipeline",
 ]

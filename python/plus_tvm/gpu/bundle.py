@@ -144,13 +144,21 @@ def build_bundle(
     dtypes: Sequence[str] = ("fp32",),
     isolate: bool = True,
     batches: Sequence[int] = (1,),
+    lms: Sequence[str] = (),
+    lm_limits: tuple[int, int] = (8, 256),
 ) -> dict:
     """Compile ``models`` for CUDA ``arch`` in ``variants``, ``dtypes`` (of :data:`DTYPES`)
     and ``batches`` and pack them into ``out``. A variant that fails to compile is recorded
     with its error (the GPU side reports it); with ``isolate`` each model, dtype and batch
     compiles in a child process, so that a crash of the compiler (a segfault in TVM) is
-    recorded the same way."""
+    recorded the same way.
+
+    ``lms`` (``gpt2``, ``llama-150m``, or ``zoo:`` / ``arch:`` references): causal LMs
+    compiled for generation (:func:`plus_tvm.compile_lm`, ``lm_limits`` = max batch and max
+    length) in each dtype and exported with external weights under ``lms/``
+    (:func:`plus_tvm.lm.gpu_bench.build_lms`; ``run.sh OUT --lm`` times them)."""
     from ..compiler import compile as plus_compile  # needs TVM's compiler library
+    from ..lm import gpu_bench
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -166,6 +174,8 @@ def build_bundle(
         raise PlusError(f"batches {list(batches)}: give each positive batch size once")
     for name in models:
         zoo.get(name)  # unknown names fail before any work
+    for name in lms:
+        gpu_bench.reference(name)
     if os.path.exists(out):
         shutil.rmtree(out)
     os.makedirs(os.path.join(out, "models"))
@@ -227,6 +237,10 @@ def build_bundle(
                     unit["input_seeds"] = list(INPUT_SEEDS)
                 record["dtypes"][unit_label(dtype, batch)] = unit
         manifest["models"][name] = record
+    if lms:
+        manifest["lms"] = gpu_bench.build_lms(
+            out, list(lms), list(dtypes), target, lm_limits[0], lm_limits[1], log, WEIGHT_SEED
+        )
     _pack_runtime(os.path.join(out, "runtime"))
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
@@ -458,6 +472,9 @@ tar -C "$site" -xzf "$here/runtime/tvm_runtime.tar.gz"
 export PYTHONPATH="$site:$(pwd)/python" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${{LD_LIBRARY_PATH:-}}"
 out="$1"; shift
+if [ "${{1:-}}" = "--lm" ]; then  # issue 38's generation table (plus_tvm.lm.gpu_bench)
+    exec python3 -m plus_tvm.lm.gpu_bench run --bundle "$here" --out "$out" "$@"
+fi
 set +e
 # a kernel that crashes kills the process: go on after the model and dtype it was running
 # (gpu_check --resume records it as crashed), at most 4 times
