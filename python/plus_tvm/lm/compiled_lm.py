@@ -226,7 +226,8 @@ class CompiledLM:
         stop = torch.tensor(eos, dtype=torch.long)
         position = positions[:, -1:]
         for step in range(new):
-            token = sampling.next_tokens(torch.as_tensor(logits))
+            # (on the host: a step on a GPU returns its logits there, the tokens stay here)
+            token = sampling.next_tokens(torch.as_tensor(logits).cpu())
             if eos:
                 token = torch.where(unfinished, token, torch.full_like(token, pad))
                 unfinished &= ~torch.isin(token, stop)
