@@ -390,15 +390,9 @@ def _generate(args: argparse.Namespace) -> dict:
 
 
 def _cache_bytes(cache: object) -> int:
-    """Bytes of the keys and values a transformers cache holds (static: its whole capacity)."""
-    import torch
+    from plus_tvm.lm.gpu_bench import cache_bytes  # (the one definition, shared with the GPU side)
 
-    total = 0
-    for layer in getattr(cache, "layers", []):
-        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if isinstance(tensor, torch.Tensor):
-                total += tensor.nbytes
-    return total
+    return cache_bytes(cache)
 
 
 if __name__ == "__main__":
