@@ -10,24 +10,13 @@ import pytest
 import torch
 import tvm
 from _shared_lm import compiled_lm
+from _tensors import packed_call_vm
 from plus_tvm.lm.kv_cache import KVCache
 from plus_tvm.runtime import native
-from tvm import relax
 
 
-def _exe(shapes: list, config: str, out_shape: tuple):
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"in{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
-    with bb.function("main", params):
-        out = bb.emit(
-            relax.call_dps_packed(
-                "plus.attention",
-                [*params, tvm.ir.StringImm(config)],
-                out_ty=relax.TensorType(out_shape, "float32"),
-            )
-        )
-        bb.emit_func_output(out)
-    return relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())["main"]
+def _exe(shapes: list, config: str, out_shape: tuple):  # noqa: ANN202
+    return packed_call_vm("plus.attention", shapes, config, out_shape)
 
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])

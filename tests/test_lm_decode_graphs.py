@@ -17,6 +17,7 @@ import pytest
 import torch
 import tvm
 from _shared_lm import MAX_BATCH, MAX_LENGTH, _compiled
+from _tensors import packed_call_vm
 from conftest import strict_pass_context
 from plus_tvm.lm import CompiledLM
 from plus_tvm.lm.export import bucket_step, export_steps
@@ -179,23 +180,8 @@ def test_slot_kernel_writes_at_the_slot(use_vm):  # parser: the slot runs in Pyt
 
 
 def _exe_with_slot(shapes: list, config: str, out_shape: tuple):  # noqa: ANN202
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    params = [
-        relax.Var(f"in{i}", relax.TensorType(s, "int64" if i == 5 else "float32"))
-        for i, s in enumerate(shapes)
-    ]
-    with bb.function("main", params):
-        out = bb.emit(
-            relax.call_dps_packed(
-                "plus.attention",
-                [*params, tvm.ir.StringImm(config)],
-                out_ty=relax.TensorType(out_shape, "float32"),
-            )
-        )
-        bb.emit_func_output(out)
-    return relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())["main"]
+    dtypes = ["int64" if i == 5 else "float32" for i in range(len(shapes))]  # in5: the slot
+    return packed_call_vm("plus.attention", shapes, config, out_shape, dtypes)
 
 
 def test_sm90_no_kernel_stays_outside_for_the_length(monkeypatch):

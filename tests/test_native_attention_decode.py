@@ -5,12 +5,10 @@ place (``cache=1``) and bfloat16; and no oneDNN primitive made per call as the k
 
 from __future__ import annotations
 
-import ml_dtypes
-import numpy as np
 import plus_tvm.runtime as rt
 import pytest
 import torch
-import tvm
+from _tensors import from_tvm, to_tvm
 from plus_tvm.runtime import native
 from torch.nn import functional as F  # noqa: N812
 
@@ -19,19 +17,6 @@ from torch.nn import functional as F  # noqa: N812
 def natives():
     if not rt.use_native():
         pytest.fail(f"native kernels unavailable: {native.status()['reason']}")
-
-
-def to_tvm(t: torch.Tensor):
-    if t.dtype == torch.bfloat16:
-        return tvm.runtime.tensor(t.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
-    return tvm.runtime.tensor(t.numpy())
-
-
-def from_tvm(t) -> torch.Tensor:
-    arr = t.numpy()
-    if arr.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
 
 
 def stats() -> dict:

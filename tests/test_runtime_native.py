@@ -10,12 +10,12 @@ import subprocess
 import sys
 import threading
 
-import ml_dtypes
 import numpy as np
 import plus_tvm.runtime as rt
 import pytest
 import torch
 import tvm
+from _tensors import from_tvm, to_tvm
 from plus_tvm.runtime import native
 from plus_tvm.target import resolve_target
 from torch.nn import functional as F  # noqa: N812
@@ -719,19 +719,6 @@ def kernel_exe(kernel: str, shapes, config: str, out_shapes, dtypes=None):
         )
         bb.emit_func_output(out)
     return tvm.compile(bb.get(), target=TARGET)
-
-
-def to_tvm(t: torch.Tensor):
-    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ml_dtypes' (TVM's)
-        return tvm.runtime.tensor(t.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
-    return tvm.runtime.tensor(t.numpy())
-
-
-def from_tvm(t) -> torch.Tensor:
-    arr = t.numpy()
-    if arr.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
 
 
 def run_kernel(kernel: str, inputs, config: str, out_shapes) -> tuple[list, int]:

@@ -1,0 +1,46 @@
+"""Test helpers shared by the kernel tests: torch tensors to and from TVM (bfloat16 through
+ml_dtypes, as numpy has none), and a one-call executable of a ``plus.*`` packed kernel."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+
+
+def to_tvm(t: torch.Tensor):
+    """``t`` as a TVM CPU tensor (a copy)."""
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ml_dtypes' (TVM's)
+        return tvm.runtime.tensor(t.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+    return tvm.runtime.tensor(t.numpy())
+
+
+def from_tvm(t) -> torch.Tensor:
+    """A TVM CPU tensor as a torch tensor."""
+    arr = t.numpy()
+    if arr.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def packed_call_vm(kernel: str, shapes: list, config: str, out_shape: tuple, dtypes=None):  # noqa: ANN001, ANN201
+    """The VM function ``main(in0, in1, ...)`` calling ``kernel`` once in destination-passing
+    style with ``config``; ``dtypes``: each input's dtype (float32 where not given), the
+    output float32."""
+    dtypes = dtypes or ["float32"] * len(shapes)
+    bb = relax.BlockBuilder()
+    params = [
+        relax.Var(f"in{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(zip(shapes, dtypes))
+    ]
+    with bb.function("main", params):
+        out = bb.emit(
+            relax.call_dps_packed(
+                kernel,
+                [*params, tvm.ir.StringImm(config)],
+                out_ty=relax.TensorType(out_shape, "float32"),
+            )
+        )
+        bb.emit_func_output(out)
+    return relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())["main"]
