@@ -428,15 +428,39 @@ def onednn_usable(*tensors: torch.Tensor) -> bool:
     )
 
 
-def widened_float16(x: torch.Tensor) -> bool:
-    """A float16 call on a CPU without float16 GEMM instructions: it computes in float32 on
-    oneDNN (weights widened and packed once) and rounds to float16 once, at the end; torch's
-    float16 GEMM there is 4.5x slower than float32 (128x768x3072 and back, 2 cores)."""
+# The fewest GEMM rows from which a half call widens to float32 (:func:`widened_half`), per
+# dtype. float16: always (torch's float16 GEMM here is 4.5x slower than float32 at 128x768x3072
+# and back). bfloat16: measured on this project's AVX2 EPYC (2 cores, torch 2.13, bf16 addmm
+# against the float32 oneDNN GEMM on a weight widened and packed once, plus the activation's
+# widening and the output's rounding; scripts/bench_widened_half.py): at 3+ rows the widened GEMM
+# wins everywhere (K x N in 768x768, 768x3072, 3072x768, 2048x2048, 2048x5632: 1.1-2.1x at 3
+# rows and weights streamed from memory as in a model, 1.2-1.5x at 4, 2-3x at 8, 5-7x at 128
+# and 1024; convolutions at ResNet-50's layers 2.7-70x, attention's batched matmuls 2-35x). At
+# one row (a decode step's GEMV) torch's bfloat16 GEMV streams half the weight bytes and wins on
+# weights that do not stay in cache (0.44-0.77x; 768x50257: 5.2 ms against 7.5), at two rows
+# it is even (0.77-1.16x).
+WIDEN_MIN_ROWS = {"float16": 1, "bfloat16": 3}
+
+
+def widened_half(x: torch.Tensor, rows: int) -> bool:
+    """Whether a float16 / bfloat16 call computes in float32 on oneDNN: on a CPU without GEMM
+    instructions for its dtype (``cpu_features``), from ``WIDEN_MIN_ROWS`` GEMM rows (a
+    linear's input rows, a convolution's output pixels, a matmul's rows over its batch). The
+    kernel then widens its weights once (packed by the cache), its activations per call, and
+    rounds to the half dtype once, where torch's op-by-op graph rounds; products of half values
+    are exact in float32, so the result is float32's rounded once. CPUs with the instructions
+    (and other dtypes) keep their paths."""
+    if x.dtype == torch.float16:
+        name = "float16"
+    elif x.dtype == torch.bfloat16:
+        name = "bfloat16"
+    else:
+        return False
     return (
-        x.dtype == torch.float16
+        rows >= WIDEN_MIN_ROWS[name]
         and x.device.type == "cpu"
         and torch.float32 in onednn_dtypes()
-        and "float16" not in cpu_dtypes()
+        and name not in cpu_dtypes()
     )
 
 

@@ -55,7 +55,7 @@ from ._common import (
     ints,
     onednn_usable,
     real,
-    widened_float16,
+    widened_half,
 )
 from ._torch import F, torch
 
@@ -148,11 +148,11 @@ class Conv2d(LibraryKernel):
         self.folded.clear()
 
     def _run_widened(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
-        """float16 on a CPU without float16 instructions (:func:`widened_float16`): the
+        """float16 / bfloat16 on a CPU without instructions for it (:func:`widened_half`): the
         convolution (and its bias) in float32 (oneDNN or ATen as timed) on the parameters
         widened once (the cache keeps them, so the packing is done once too), then rounded
-        where torch's float16 graph rounds: the convolution's result, the BatchNorm computed
-        in float32 on it, the activations and the residual add in float16 (an overflow
+        where torch's half graph rounds: the convolution's result, the BatchNorm computed
+        in float32 on it, the activations and the residual add in the half dtype (an overflow
         between the convolution and its BatchNorm is inf as in torch, not folded away)."""
         x, w = inputs[0], inputs[1]
         rest = list(inputs[2:])
@@ -169,7 +169,7 @@ class Conv2d(LibraryKernel):
         result = torch.empty_like(out, dtype=torch.float32)
         self.run(plain, [x.float(), *params], result)
         channels = (-1,) if cfg.layout == "nhwc" else (-1, 1, 1)  # the channel axis
-        self._half_epilogue(cfg, result.to(torch.float16), stats, residual, out, channels)
+        self._half_epilogue(cfg, result.to(out.dtype), stats, residual, out, channels)
 
     def _affine(self, cfg, bias, stats) -> tuple[torch.Tensor, torch.Tensor]:
         """A half call's BatchNorm as float32 ``(s, (bias - mean) * s + beta)`` per channel,
@@ -359,7 +359,7 @@ class Conv2d(LibraryKernel):
         return "aten"
 
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
-        if widened_float16(inputs[0]):
+        if widened_half(inputs[0], out.numel() // max(inputs[1].shape[0], 1)):  # output pixels
             self._run_widened(cfg, inputs, out)
             return
         x, w = inputs[0], inputs[1]

@@ -12,10 +12,19 @@ packed once (keyed by every part, see ``PrepackCache.get_joined``). No residual 
 
 CPU fp32 runs oneDNN's ``_linear_pointwise`` on a weight reordered once into its blocked layout
 (about 2.5x MKL's ``F.linear`` at BERT shapes), with the activation or the residual add fused
-as a post-op. CPU float16 without float16 GEMM instructions computes the same way in float32
-(weights widened once), rounded once at the end. Other dtypes and devices use ``addmm``/``mm``
-writing straight into ``out`` (cuBLAS, with ``_addmm_activation``'s cuBLASLt epilogue for
-relu/gelu_tanh on CUDA).
+as a post-op. Other dtypes and devices use ``addmm``/``mm`` writing straight into ``out``
+(cuBLAS, with ``_addmm_activation``'s cuBLASLt epilogue for relu/gelu_tanh on CUDA).
+
+Widened half precision: on a CPU without GEMM instructions for float16 / bfloat16 (no
+avx512_fp16 / avx512_bf16 nor AMX: ``cpu_features.cpu_dtypes``), torch's half GEMMs run 4-7x
+slower than float32 (bfloat16 ``addmm`` on an AVX2 EPYC: 31 ms at 128x768x3072 against 4.7 ms
+widened). Such a call computes the float32 way instead: the weights widened to float32 once
+and packed by the cache, the activation widened per call, the result rounded to the half dtype
+once, where torch rounds (products of half values are exact in float32). float16 always
+widens; bfloat16 from 3 rows (``_common.WIDEN_MIN_ROWS``): at one row (a decode step's GEMV)
+torch's bfloat16 GEMV streams half the weight bytes and wins. ``linear_layernorm``, ``matmul``
+and ``conv2d`` follow the same rule (``_common.widened_half``); CPUs that compute bfloat16
+natively keep their bfloat16 kernels.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from ._common import (
     flag,
     integer,
     onednn_usable,
-    widened_float16,
+    widened_half,
     write_out,
 )
 from ._torch import torch
@@ -233,7 +242,8 @@ class Linear(LibraryKernel):
 
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         x, weights, biases, residual = self._split(cfg, inputs)
-        if widened_float16(x) and 2.0 * x.numel() * out.shape[-1] >= ONEDNN_MIN_FLOPS:
+        rows = x.numel() // max(x.shape[-1], 1)
+        if widened_half(x, rows) and 2.0 * x.numel() * out.shape[-1] >= ONEDNN_MIN_FLOPS:
             self._run_widened(cfg, x, weights, biases, residual, out)
             return
         onednn = use_onednn(x, weights[0], out)
@@ -253,9 +263,9 @@ class Linear(LibraryKernel):
         generic_linear(x, w, layout, bias, residual, cfg.act, out)
 
     def _run_widened(self, cfg, x, weights, biases, residual, out) -> None:  # noqa: ANN001
-        """float16 computed in float32 (:func:`widened_float16`): the weights (every part,
-        as one ``[N, K]``) widened and packed once by the cache, the rest widened per call;
-        each result rounded to float16 where torch's op-by-op graph rounds it."""
+        """float16 / bfloat16 computed in float32 (:func:`widened_half`): the weights (every
+        part, as one ``[N, K]``) widened and packed once by the cache, the rest widened per
+        call; each result rounded to the half dtype where torch's op-by-op graph rounds it."""
         rows = x.numel() // max(x.shape[-1], 1)
 
         def nk_float(ws: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -269,7 +279,7 @@ class Linear(LibraryKernel):
             w = nk_float(weights)
         bias = torch.cat(biases).float() if biases else None
         # rounded where torch's graph rounds: the linear's output, then the activation's and
-        # the residual sum's (a value past float16's range is inf there, as in torch)
+        # the residual sum's (a value past the half dtype's range is inf there, as in torch)
         y = onednn_apply(x.float(), w, bias, None, "none").to(out.dtype)
         if cfg.act != "none":
             y32 = y.float()

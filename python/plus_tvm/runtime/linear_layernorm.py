@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._common import ConfigSpec, LibraryKernel, choice, flag, real, widened_float16, write_out
+from ._common import ConfigSpec, LibraryKernel, choice, flag, real, widened_half, write_out
 from ._torch import F, torch
 from .linear import (
     ONEDNN_MIN_FLOPS,
@@ -78,7 +78,7 @@ class LinearLayerNorm(LibraryKernel):
         gamma = rest.pop(0) if cfg.gamma else None
         beta = rest.pop(0) if cfg.beta else None
         n = out.shape[-1]
-        widened = widened_float16(x)
+        widened = widened_half(x, x.numel() // max(x.shape[-1], 1))
         if widened:
             # float32 throughout on parameters widened once (their packing follows), the sum
             # and the normalized result rounded once each
@@ -97,8 +97,8 @@ class LinearLayerNorm(LibraryKernel):
             y = torch.empty_like(out, dtype=x.dtype)
             generic_linear(x, w, cfg.w, bias, residual, "none", y)
         if widened:
-            # the sum rounded to float16 before the norm, as torch's graph holds it: a sum
-            # past float16's range is inf there, and the norm of it NaN (what a model's
+            # the sum rounded to the half dtype before the norm, as torch's graph holds it: a
+            # sum past its range is inf there, and the norm of it NaN (what a model's
             # finiteness test, BART's, looks for)
             y = y.to(out.dtype).float()
         if sum_out is not None:
