@@ -39,7 +39,8 @@ class SelectCUDAGraphRegions:
         Launch and copy costs of the estimate.
 
     The result carries the module attribute ``plus.cuda_graph_selection`` (JSON,
-    :data:`SELECTION_ATTR`): ``staging_us``, ``saving_us``, ``plain`` (nothing kept) and
+    :data:`SELECTION_ATTR`): ``costs`` (the figures used and their source, a GPU's
+    calibration or the constants), ``staging_us``, ``saving_us``, ``plain`` (nothing kept) and
     ``regions``, per region its name, kernels, library calls, estimated saving (us) and
     whether it was kept (``stats["cuda_graph"]["selection"]``).
     """
@@ -90,6 +91,7 @@ class SelectCUDAGraphRegions:
             for d in decisions:
                 d["kept"] = False
         selection = {
+            "costs": self.cost.describe(),  # which figures: a GPU's calibration or constants
             "staging_us": round(staging, 2),
             "saving_us": round(kept, 2),
             "plain": plain,

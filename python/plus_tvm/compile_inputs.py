@@ -24,6 +24,8 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
     the pool the parallel loops run on (``cpu_parallel``: ``"tvm"`` where OpenMP was asked for
     and the native library is unavailable), the GIR model's stored figures for it
     (``gir_global_gbps``, ``gir_cache_gbps``, ``gir_launch_us``) and its size (``threads``).
+    For CUDA targets with ``cuda_graph="auto"``, the CUDA-graph costs (``cuda_graph_costs="auto"``:
+    the calibration of the target's GPU by name, or ``"constants"``).
     Fields already set (by the caller, or by an earlier call: resolving twice reads nothing
     again) are kept."""
     from .pattern_warehouse import env_folders
@@ -46,6 +48,12 @@ def resolve_inputs(target: tvm.target.Target, options: Options) -> Options:
         changes["cost_model_id"] = model.identity
     if target.kind.name == "llvm":
         changes.update(_cpu_inputs(target, options))
+    if target.kind.name == "cuda" and options.cuda_graph == "auto":
+        from .costmodel.graph_cost import AUTO, resolve_graph_costs
+
+        if options.cuda_graph_costs == AUTO:  # the target's GPU's calibration, by name
+            path = options.cuda_graph_costs_file
+            changes["cuda_graph_costs"] = resolve_graph_costs(target, AUTO, path)
     return options.replace(**changes) if changes else options
 
 
@@ -102,6 +110,13 @@ def _load_model(path: str, target: tvm.target.Target):  # noqa: ANN202
             f"{path}: a cost model for target kind {model.kind!r}, not {target.kind.name!r}"
         )
     return model
+
+
+def graph_cost(options: Options):  # noqa: ANN201
+    """The launch and copy costs of the CUDA-graph selection (``cuda_graph_costs``)."""
+    from .costmodel.graph_cost import graph_cost as costs
+
+    return costs(options.cuda_graph_costs, options.cuda_graph_costs_file)
 
 
 def learned_model(target: tvm.target.Target, options: Options):  # noqa: ANN201

@@ -145,6 +145,16 @@ class Options:
         ``tir_var_lower_bound`` or 1) allow at most this many values is captured per value (one
         graph per size, ``DeclareCaptureVars``); a wider or unbounded one ends the capture
         region (its kernels run without a graph). 0: never.
+    cuda_graph_costs : str
+        The launch and copy costs ``cuda_graph=auto``'s compile-time selection prices regions
+        with (``costmodel.graph_cost``): ``"auto"`` (default): the calibration measured on the
+        target's GPU (the target's ``model`` attribute, else its ``arch``) in
+        ``cuda_graph_costs_file``, else the constants; a GPU name (``"NVIDIA H200"``): that
+        GPU's calibration; ``"constants"``: the built-in figures. Resolved to a GPU name or
+        ``"constants"`` when compilation starts (``stats["cuda_graph"]["selection"]["costs"]``).
+    cuda_graph_costs_file : str or None
+        A CUDA-graph calibration file (``run.sh OUT --calibrate`` writes ``graph_costs.json``
+        on the GPU machine); None: the calibrations shipped with the package.
     fold_constants : bool
         Run ``FoldStaticSubgraphs`` in phase 1 (input-independent chains computed at compile
         time) and ``FoldConstant`` after legalization (TVM's default does the latter).
@@ -215,6 +225,8 @@ class Options:
     conv_winograd: bool = True
     cuda_graph: str = "auto"
     cuda_graph_max_sizes: int = 32
+    cuda_graph_costs: str = "auto"
+    cuda_graph_costs_file: str | None = None
     fold_constants: bool = True
     propagate_nan: bool = True
     schedule_fallback: bool = True
@@ -285,7 +297,12 @@ class Options:
             object.__setattr__(self, name, float(value))
         if not isinstance(self.fusion_seed, int) or isinstance(self.fusion_seed, bool):
             raise OptionsError(f"option fusion_seed must be an integer, got {self.fusion_seed!r}")
-        for name in ("cost_model_file", "dump_ir"):  # a path, or None
+        if not isinstance(self.cuda_graph_costs, str) or not self.cuda_graph_costs:
+            raise OptionsError(
+                "option cuda_graph_costs must be 'auto', 'constants' or a calibrated GPU's "
+                f"name, got {self.cuda_graph_costs!r}"
+            )
+        for name in ("cost_model_file", "dump_ir", "cuda_graph_costs_file"):  # a path, or None
             value = getattr(self, name)
             if isinstance(value, os.PathLike):
                 object.__setattr__(self, name, os.fspath(value))

@@ -243,7 +243,8 @@ def capture_passes(target: tvm.target.Target, options: Options) -> list[tvm.tran
     ]
     auto = options.cuda_graph == "auto"
     if auto:  # a region kept only where its estimated saving pays (PyGraph 4.3)
-        capture = [p.SelectCUDAGraphRegions(capture, [relax.transform.StaticPlanBlockMemory()])]
+        plain = [relax.transform.StaticPlanBlockMemory()]
+        capture = [p.SelectCUDAGraphRegions(capture, plain, compile_inputs.graph_cost(options))]
     # replay with fallback on a failed capture; with auto, measured per region on first call
     return capture + [p.RouteCUDAGraphRuntime(measure=auto, options_digest=options.digest())]
 

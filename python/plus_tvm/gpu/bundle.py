@@ -23,6 +23,9 @@ sizes (the zoo's batch-1 inputs stacked: :func:`batch_inputs`) and writes one fo
   (BatchNorm statistics are baked into the code), before it converts the model to each dtype;
 - ``runtime/``: TVM's Python package without its compiler library, and the wheels of tvm-ffi
   and ml_dtypes (TVM's numpy bfloat16) for the GPU machine's Python (fetched with pip);
+- ``calibration/``: the CUDA-graph cost calibration's chains of tiny kernels and library calls
+  (:mod:`plus_tvm.gpu.calibration_libs`; ``run.sh OUT --calibrate`` runs
+  :mod:`plus_tvm.gpu.calibrate_graph` alone, the check runs it first);
 - ``run.sh``: installs that runtime under /tmp and runs :mod:`plus_tvm.gpu.check`.
 
 The folder stays under :data:`LIMIT_BYTES` or :func:`build_bundle` fails.
@@ -54,6 +57,7 @@ INPUT_SEEDS = (11, 12, 13)
 DTYPES = ("fp32", "bf16", "fp16")  # accuracy.DTYPE_NAMES: torch.float32 / bfloat16 / float16
 WEIGHT_SEED = 0
 GPU_PYTHON = "3.12"  # the GPU machine's python3 (device KINDS.md)
+CALIBRATION = "calibration"  # the CUDA-graph calibration's libraries (calibration_libs)
 ROW_SEED_STRIDE = 1000  # row k of a batch drawn with seed + k * stride (row 0: the batch-1 set)
 
 
@@ -159,6 +163,7 @@ def build_bundle(
     (:func:`plus_tvm.lm.gpu_bench.build_lms`; ``run.sh OUT --lm`` times them)."""
     from ..compiler import compile as plus_compile  # needs TVM's compiler library
     from ..lm import gpu_bench
+    from .calibration_libs import build_calibration
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -242,6 +247,9 @@ def build_bundle(
             out, list(lms), list(dtypes), target, lm_limits[0], lm_limits[1], log, WEIGHT_SEED
         )
     _pack_runtime(os.path.join(out, "runtime"))
+    # the CUDA-graph calibration's chains (run.sh OUT --calibrate; gpu_check runs it first)
+    build_calibration(os.path.join(out, CALIBRATION), target)
+    manifest["calibration"] = CALIBRATION
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     _write_runner(out)
@@ -459,6 +467,7 @@ def _wheel(package: str, version: str, folder: str) -> str:
 
 _RUNNER = """#!/bin/bash
 # Run on the GPU machine from the repository root: bash {bundle}/run.sh OUT_DIR [gpu_check args]
+# (or OUT_DIR --calibrate: the CUDA-graph costs alone; OUT_DIR --lm ...: the generation table)
 set -e
 here="$(cd "$(dirname "$0")" && pwd)"
 site=/tmp/plus_tvm_site
@@ -472,6 +481,10 @@ tar -C "$site" -xzf "$here/runtime/tvm_runtime.tar.gz"
 export PYTHONPATH="$site:$(pwd)/python" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${{LD_LIBRARY_PATH:-}}"
 out="$1"; shift
+if [ "${{1:-}}" = "--calibrate" ]; then  # the CUDA-graph costs alone (plus_tvm.gpu.calibrate_graph)
+    shift
+    exec python3 -m plus_tvm.gpu.calibrate_graph run --libs "$here/calibration" --out "$out" "$@"
+fi
 if [ "${{1:-}}" = "--lm" ]; then  # issue 38's generation table (plus_tvm.lm.gpu_bench)
     exec python3 -m plus_tvm.lm.gpu_bench run --bundle "$here" --out "$out" "$@"
 fi

@@ -20,6 +20,10 @@ converts it to each dtype of the bundle (``model.to(dtype)``), and for every com
   model stay loaded and are timed ``--rounds`` times in turn; ``median_ms`` is the median of
   the rounds' medians, ``round_ms`` and ``round_spread`` say how much they moved.
 
+First (unless ``--no-calibrate`` or ``--resume``) the CUDA-graph selection's costs are
+measured on this GPU from the bundle's ``calibration/`` (:func:`calibrate_first`, a child
+process, about 20 s): ``OUT/graph_costs.json``, summed up under ``calibration`` in the JSON.
+
 With ``--kernels a,b`` the TIR kernels of variants ``a`` and ``b`` are also timed one by one
 (:mod:`plus_tvm.kernel_timing`, shapes from the manifest) and compared in ``OUT/kernels.md``
 (``plus-always,plus-gir``: GIR's CUDA schedules against dlight's, kernel by kernel).
@@ -580,6 +584,11 @@ def main(argv: list[str] | None = None) -> int:
         help="variants whose TIR kernels are also timed one by one (comma-separated); the "
         "first two are compared kernel by kernel in OUT/kernels.md",
     )
+    parser.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="skip the CUDA-graph cost calibration run first (OUT/graph_costs.json)",
+    )
     args = parser.parse_args(argv)
     args.peers = [p for p in args.peers.split(",") if p]
     args.kernels = [v for v in args.kernels.split(",") if v]
@@ -638,6 +647,8 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.time(),
         "models": {},
     }
+    if not args.resume and not args.no_calibrate:  # first: the CUDA-graph costs of this GPU
+        results["calibration"] = calibrate_first(args.bundle, args.out)
     args.skip = {}
     if args.resume and os.path.exists(out_json):
         with open(out_json) as f:
@@ -688,6 +699,29 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"gpu_check: plus not correct: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def calibrate_first(bundle: str, out: str, timeout: float = 180.0) -> dict:
+    """Run the CUDA-graph calibration (:mod:`plus_tvm.gpu.calibrate_graph`) on the bundle's
+    ``calibration/`` in a child process (a crash there must not cost the check), writing
+    ``OUT/graph_costs.json``: its exit code and summary for the check's JSON."""
+    import subprocess
+
+    from plus_tvm.gpu.bundle import CALIBRATION
+
+    libs = os.path.join(bundle, CALIBRATION)
+    if not os.path.isdir(libs):
+        return {"skipped": f"the bundle has no {CALIBRATION}/ (built before the calibration)"}
+    cmd = [sys.executable, "-m", "plus_tvm.gpu.calibrate_graph", "run", "--libs", libs]
+    try:
+        proc = subprocess.run([*cmd, "--out", out], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the calibration ran over {timeout:.0f} s"}
+    print(proc.stdout + proc.stderr[-2000:], end="", flush=True)
+    result = {"returncode": proc.returncode, "summary": proc.stdout.strip().splitlines()}
+    if proc.returncode != 0:
+        result["stderr"] = proc.stderr[-2000:]
+    return result
 
 
 def plus_failures(results: dict) -> list[str]:
