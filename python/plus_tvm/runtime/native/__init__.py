@@ -64,6 +64,7 @@ SOURCES = (
     "onednn_attention.cc",
     "onednn_conv2d.cc",
     "onednn_linear.cc",
+    "index_check.cc",
     "nan_guard.cc",
     "nan_guard.h",
     "parallel_launch.cc",
@@ -352,6 +353,9 @@ def _install(kernels: dict[str, object]) -> None:
         native = module[f"{prefix(name)}_create"](kernel, ",".join(native_dtypes(kernel)))
         tvm_ffi.register_global_func(name, native, override=True)
         _STATE.installed[name] = native
+    from ..index_check import install_native
+
+    install_native(module)  # plus.check_indices in C++ (the Python check as its fallback)
     if module["parallel_install"]():
         _STATE.use_openmp = module["parallel_use_openmp"]
     _STATE.module = module
