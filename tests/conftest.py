@@ -200,8 +200,15 @@ def cores(request, monkeypatch):
 @pytest.fixture(scope="session", autouse=True)
 def _native_build_once(tmp_path_factory):
     """The native kernels are compiled once per test session (every test, and every process
-    a test starts, finds them there), never into the user's cache."""
-    os.environ.setdefault("PLUS_TVM_NATIVE_CACHE", str(tmp_path_factory.mktemp("native")))
+    a test starts, finds them there), never into the user's cache. Under pytest-xdist the
+    workers share one folder (the build takes a file lock and renames into place)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base is <run's base>/popen-gwN
+        folder = base.parent / "native"
+        folder.mkdir(exist_ok=True)
+    else:
+        folder = tmp_path_factory.mktemp("native")
+    os.environ.setdefault("PLUS_TVM_NATIVE_CACHE", str(folder))
 
 
 @pytest.fixture(autouse=True)
