@@ -63,7 +63,7 @@ from .tvm_libs import compiler_available
 
 FORMAT = "plus_tvm.compiled/3"  # 3: the executable carries its signature
 _READABLE_FORMATS = (FORMAT,)
-_ALIGNMENT = 64  # bytes: what TVM's kernels assume of a buffer (tvm.runtime.from_dlpack checks)
+ALIGNMENT = 64  # bytes: what TVM's kernels assume of a buffer (tvm.runtime.from_dlpack checks)
 _DLPACK_CUDA = 2  # kDLCUDA
 
 
@@ -296,7 +296,7 @@ class CompiledModel:
             and array.size
             and array.flags.c_contiguous
             and array.flags.writeable
-            and array.ctypes.data % _ALIGNMENT == 0
+            and array.ctypes.data % ALIGNMENT == 0
         ):
             try:
                 # (numpy has no DLPack code for ml_dtypes' bfloat16: the same memory as a

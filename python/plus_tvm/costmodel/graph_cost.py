@@ -219,8 +219,8 @@ def add_calibration(source: str, into: str | None = None) -> list[str]:
     into = into or DATA_FILE
     new = read_calibrations(source)
     old = read_calibrations(into) if os.path.exists(into) else {}
-    merged = {**old, **new}
-    with open(into, "w") as f:
-        json.dump({"format": FORMAT, "gpus": dict(sorted(merged.items()))}, f, indent=1)
-        f.write("\n")
+    from ..output_files import write_bytes
+
+    merged = {"format": FORMAT, "gpus": dict(sorted({**old, **new}.items()))}
+    write_bytes(into, (json.dumps(merged, indent=1) + "\n").encode())  # whole or not at all
     return sorted(new)

@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from ..compiled_model import CompiledModel
+from ..compiled_model import ALIGNMENT, CompiledModel
 from ..shared_weights import held_weights
 from .checks import Limits, as_ids, check_request, eos_ids
 from .export import MIN_DECODE_PAST, CacheLayout, batch_buckets
@@ -262,11 +262,11 @@ def _torch_device(device: object) -> torch.device | None:
 
 def _host_view(tensor: torch.Tensor, device: object) -> object:
     """A CPU tensor as the VM takes it: a view of its memory (DLPack) where TVM accepts one
-    (contiguous, 64-byte aligned, as torch allocates), else a copy. A decode step's ids, mask
-    and positions are made afresh for each step and only read by it; a copy through numpy
-    costs about 30 us a tensor, a view 1 us."""
+    (contiguous, ``ALIGNMENT``-byte aligned, as torch allocates), else a copy. A decode step's
+    ids, mask and positions are made afresh for each step and only read by it; a copy through
+    numpy costs about 30 us a tensor, a view 1 us."""
     import tvm
 
-    if tensor.is_contiguous() and tensor.data_ptr() % 64 == 0:
+    if tensor.is_contiguous() and tensor.data_ptr() % ALIGNMENT == 0:
         return tvm.runtime.from_dlpack(tensor)
     return tvm.runtime.tensor(tensor.numpy(), device)
