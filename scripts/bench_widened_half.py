@@ -20,6 +20,7 @@ Usage (each group well under 3 minutes on 2 cores; wrap in /work/quiet.sh on a s
     .venv/bin/python scripts/bench_widened_half.py cold
     .venv/bin/python scripts/bench_widened_half.py conv
     .venv/bin/python scripts/bench_widened_half.py bmm
+    .venv/bin/python scripts/bench_widened_half.py attention   (also plus's native kernel)
 """
 
 from __future__ import annotations
@@ -178,9 +179,88 @@ def bmm(args: argparse.Namespace) -> None:
         compare(f"bmm {batch}x{m}x{k}x{n}", half, wide, args.rounds)
 
 
+# plus.attention at the models' shapes: (label, batch, heads, queries, keys, head dim, causal,
+# padding mask [B, 1, 1, S] in the call's dtype); one query: a decode step over a KV cache
+ATTENTION_SHAPES = [
+    ("bert-base", 1, 12, 128, 128, 64, False, True),
+    ("vit-b16", 1, 12, 197, 197, 64, False, False),
+    ("gpt2", 1, 12, 128, 128, 64, True, False),
+    ("decode T=128", 1, 12, 1, 128, 64, False, False),
+    ("decode T=1024", 1, 12, 1, 1024, 64, False, False),
+]
+
+
+def compare_sides(label: str, sides: dict[str, Callable[[], object]], rounds: int) -> None:
+    """Print one row: each side's median time and spread, and the first side's time over
+    each other's (sides rotate their order every round)."""
+    fns = list(sides.items())
+    for _, fn in fns + fns:  # warm-up
+        fn()
+    slowest = max(_median(fn, 1) for _, fn in fns)
+    calls = int(max(3, min(40, 0.12 / max(slowest, 1e-6))))
+    times: dict[str, list[float]] = {name: [] for name, _ in fns}
+    for r in range(rounds):
+        for name, fn in fns[r % len(fns) :] + fns[: r % len(fns)]:
+            times[name].append(_median(fn, calls))
+    first = statistics.median(times[fns[0][0]])
+    cells = []
+    for name, values in times.items():
+        t = statistics.median(values)
+        spread = max(values) / min(values) - 1
+        ratio = "" if name == fns[0][0] else f" x{first / t:5.2f}"
+        cells.append(f"{name} {t * 1e3:8.3f} ms (±{spread * 100:3.0f}%){ratio}")
+    print(f"{label:22s} " + "  ".join(cells), flush=True)
+
+
+def attention(args: argparse.Namespace) -> None:
+    """torch's half SDPA (``half``), SDPA in float32 on q, k, v widened per call and rounded
+    once into the output (``widened``: the Python kernel's path), and plus's native kernel as
+    the VM calls it (``native``: its widened C++ path for bfloat16 with more than one query,
+    the direct loop for one; float16 goes on to the Python kernel)."""
+    try:
+        import plus_tvm.runtime as rt
+        from plus_tvm.runtime import native
+
+        kernel = native.installed("plus.attention") if rt.use_native() else None
+    except ImportError:
+        kernel = None
+    for label, b, h, sq, sk, d, causal, padded in ATTENTION_SHAPES:
+        q = torch.randn(b, h, sq, d).to(args.dtype)
+        k, v = (torch.randn(b, h, sk, d).to(args.dtype) for _ in range(2))
+        mask = None
+        if padded:
+            mask = torch.zeros(b, 1, 1, sk).to(args.dtype)
+            mask[..., -sk // 8 :] = torch.finfo(args.dtype).min
+        out = torch.empty(b, h, sq, d, dtype=args.dtype)
+
+        def half(q=q, k=k, v=v, mask=mask, causal=causal, out=out) -> None:  # noqa: ANN001
+            out.copy_(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal))
+
+        def wide(q=q, k=k, v=v, mask=mask, causal=causal, out=out) -> None:  # noqa: ANN001
+            m = None if mask is None else mask.float()
+            o = F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), attn_mask=m, is_causal=causal
+            )
+            out.copy_(o)
+
+        sides = {"half": half, "widened": wide}
+        if kernel is not None:
+            import tvm_ffi
+
+            tensors = [tvm_ffi.from_dlpack(t) for t in (q, k, v, *([mask] if padded else []))]
+            config = f"causal={int(causal)};mask={int(padded)}"
+            target = tvm_ffi.from_dlpack(out)
+
+            def plus(tensors=tensors, config=config, target=target) -> None:  # noqa: ANN001
+                kernel(*tensors, config, target)
+
+            sides["native"] = plus
+        compare_sides(f"{label} {b}x{h}x{sq}x{sk}x{d}", sides, args.rounds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("group", choices=("linear", "cold", "conv", "bmm"))
+    parser.add_argument("group", choices=("linear", "cold", "conv", "bmm", "attention"))
     parser.add_argument("--shapes", default="", help="KxN,... (linear, cold)")
     parser.add_argument("--rows", default="1,2,4,8,16,32,128,1024", help="M,... (linear)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
@@ -190,7 +270,8 @@ def main() -> None:
     args.dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}")
-    {"linear": linear, "cold": cold, "conv": conv, "bmm": bmm}[args.group](args)
+    groups = {"linear": linear, "cold": cold, "conv": conv, "bmm": bmm, "attention": attention}
+    groups[args.group](args)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,23 @@ graph). Not run natively (the C++ kernel writes the last slot): the torch path r
 Runs ``torch.nn.functional.scaled_dot_product_attention``: flash attention on CPU and on CUDA
 (or memory-efficient/cuDNN attention where flash does not apply). ``bshd`` inputs are passed as
 transposed views (no copy); the result is copied into ``out`` in the requested layout.
+
+A float16 / bfloat16 call on a CPU without instructions for its dtype computes in float32
+(:func:`~._common.widened_half`, its rows the queries ``Sq``: k and v are widened per call, for
+them all): q, k, v (and a half mask) are widened, SDPA runs in float32 and its result is rounded
+once into ``out``. torch's half flash attention rounds its probabilities before the product with
+v, so the widened error is float32's rounded once, lower than torch's. Measured on the AVX2 host
+(``scripts/bench_widened_half.py attention``): float16 2.5-3x faster at 128-197 queries and
+3.7-7.5x at one; bfloat16 1.1x at 128-197 queries, and at one query torch's bfloat16 wins on long
+caches (0.27x at 1024 keys), so a bfloat16 decode step keeps it (``WIDEN_MIN_ROWS``). The native
+kernel widens bfloat16 in C++ likewise (native/onednn_attention.cc).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._common import ConfigSpec, LibraryKernel, choice, flag, real
+from ._common import ConfigSpec, LibraryKernel, choice, flag, real, widened_half
 from ._torch import F, torch
 
 ATTENTION_SPEC = ConfigSpec(
@@ -48,7 +58,7 @@ class Attention(LibraryKernel):
     implementations = ("torch.sdpa", "torch.sdpa_flash")
     cpu_gflops = 130.0  # 1x12x128x64, SDPA flash: 120-150
     # the dtypes its native form (native/onednn_attention.cc) runs, on CPUs that compute them
-    # natively (native.native_dtypes)
+    # natively (native.native_dtypes; on others it runs bfloat16 in float32 itself, widened)
     native_dtypes = ("float32", "bfloat16")
     cuda_gflops = 5000.0
 
@@ -131,10 +141,14 @@ class Attention(LibraryKernel):
             k, v = k.transpose(1, 2), v.transpose(1, 2)
         if cfg.layout == "bshd":
             q = q.transpose(1, 2)
+        mask = inputs[-1] if cfg.mask else None
+        if widened_half(q, q.shape[-2]):  # rows: the queries, sharing each widened k and v
+            # float32 on q, k, v (and a half mask) widened here, rounded once into out
+            q, k, v = q.float(), k.float(), v.float()
+            mask = None if mask is None else mask.float()
         if k.shape[1] != q.shape[1]:  # grouped-query: each kv head serves consecutive q heads
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        mask = inputs[-1] if cfg.mask else None
         causal = bool(cfg.causal)
         if mask is not None:
             if mask.dtype != q.dtype:

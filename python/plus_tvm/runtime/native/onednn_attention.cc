@@ -23,6 +23,16 @@
 // slot; the new token's keys and values (two more inputs, one position) are copied into that
 // slot first.
 //
+// A bfloat16 call on a CPU without bfloat16 instructions (bfloat16 not among the kernel's
+// ``native_dtypes()``: cpu_features) computes in float32 (oneDNN would emulate bfloat16). One
+// query runs the direct loop below, which widens as it reads; more (WidensHalf: from
+// ../_common.py's WIDEN_MIN_ROWS queries, as the Python kernel's widened_half decides) widen q,
+// k, v (and a bfloat16 mask) into this thread's scratch, run the float32 primitives on them (the
+// plan of a float32 call of that shape) and round the float32 result once into ``out``: the
+// probabilities are not rounded (they are where the CPU computes bfloat16, as in torch's flash
+// attention), so the error is float32's rounded once, below torch's. Fewer queries, and float16
+// calls, go to the Python kernel, which decides alike.
+//
 // One query position (a decode step, Sq == 1) runs a direct loop instead (DecodeAttention): the
 // keys' length grows by one every step, so a oneDNN plan keyed by the shapes would be created
 // anew at every call (three primitives, 100-900 us at 8 heads of 32 dims, more than the
@@ -127,7 +137,7 @@ memory::desc Squeezed(const memory::desc& d, bool squeeze) {
 }
 
 
-// ------------------------------------------------------------------------ decode (Sq == 1)
+// ----------------------------------------------------------------- bfloat16 <-> float32
 
 inline float HalfToF32(uint16_t x) {  // bfloat16 bits
   uint32_t u = static_cast<uint32_t>(x) << 16;
@@ -139,10 +149,61 @@ inline float HalfToF32(uint16_t x) {  // bfloat16 bits
 inline uint16_t F32ToHalf(float f) {  // bfloat16, round to nearest even (NaN kept quiet)
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;  // (no branch: vectorises in NarrowBf16Block)
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : rounded);
 }
+
+// The queries (Sq: the rows each widened k and v serve) from which a bfloat16 call computes in
+// float32 on a CPU without bfloat16 instructions: ../_common.py's WIDEN_MIN_ROWS["bfloat16"] (the
+// Python kernel decides with widened_half; tests/test_widened_attention.py checks they agree)
+constexpr int64_t kWidenMinRows = 3;
+
+// Whether a call in ``dt`` with ``rows`` queries computes in float32 on q, k, v widened per call,
+// rounded once into out: bfloat16 on a CPU that does not compute it (``native``: the dtypes it
+// does), from kWidenMinRows queries. float16: the Python kernel's.
+bool WidensHalf(const std::vector<memory::data_type>& native, memory::data_type dt, int64_t rows) {
+  return dt == memory::data_type::bf16 && rows >= kWidenMinRows &&
+         std::find(native.begin(), native.end(), dt) == native.end();
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void WidenBf16Block(
+    const uint16_t* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = HalfToF32(x[i]);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void NarrowBf16Block(
+    const float* x, uint16_t* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = F32ToHalf(x[i]);
+}
+
+// ``n`` bfloat16 values widened to float32 (exact) or float32 rounded to bfloat16, in blocks
+// split over OpenMP's threads when there are several
+constexpr int64_t kConvertBlock = 1 << 15;
+
+void WidenBf16(const void* x, float* y, int64_t n) {
+  const uint16_t* h = static_cast<const uint16_t*>(x);
+  const int64_t blocks = (n + kConvertBlock - 1) / kConvertBlock;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t at = b * kConvertBlock;
+    WidenBf16Block(h + at, y + at, std::min(kConvertBlock, n - at));
+  }
+}
+
+void NarrowBf16(const float* x, void* y, int64_t n) {
+  uint16_t* h = static_cast<uint16_t*>(y);
+  const int64_t blocks = (n + kConvertBlock - 1) / kConvertBlock;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t at = b * kConvertBlock;
+    NarrowBf16Block(x + at, h + at, std::min(kConvertBlock, n - at));
+  }
+}
+
+// ------------------------------------------------------------------------ decode (Sq == 1)
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) float DotF32(const float* a,
                                                                            const float* b,
@@ -298,17 +359,17 @@ class Attention : public KernelBase {
     const DLTensor* v_new = cfg->cache ? call.inputs[4] : nullptr;
     const DLTensor* mask = cfg->mask ? call.inputs[3 + 2 * cfg->cache] : nullptr;
     const DLTensor* out = call.out;
-    memory::data_type dt, mask_dt = memory::data_type::f32;
-    // one query (a decode step) in bfloat16 runs the direct loop, which widens to float32
-    // itself, on any CPU; oneDNN's primitives only where the CPU computes the dtype
-    bool direct_only = false;
+    const auto f32 = memory::data_type::f32;
+    memory::data_type dt, mask_dt = f32;
+    // bfloat16 on a CPU that does not compute it (not among dtypes_) runs in float32: one query
+    // (a decode step) in the direct loop, which widens as it reads; more queries on q, k, v
+    // widened per call, where WidensHalf says so; anything else goes to Python
+    bool emulated = false;
     if (!CallType(q, &dt)) {
-      bool one_query = q->ndim == 4 && q->shape[cfg->bshd ? 1 : 2] == 1;
-      if (!(one_query && IsCpuCompact(q) && DataTypeOf(q->dtype, &dt) &&
-            dt == memory::data_type::bf16)) {
+      if (!(IsCpuCompact(q) && DataTypeOf(q->dtype, &dt) && dt == memory::data_type::bf16)) {
         return Fallback(args, rv);
       }
-      direct_only = true;
+      emulated = true;
     }
     for (const DLTensor* t : {k, v, out}) {
       if (!IsCpuCompactOf(t, dt)) return Fallback(args, rv);
@@ -353,8 +414,7 @@ class Attention : public KernelBase {
       }
     }
     if (cfg->causal && sq > sk) return Fallback(args, rv);  // rows with no key: torch's NaN
-    if (direct_only && sq != 1) return Fallback(args, rv);
-    if (sq == 1 && (dt == memory::data_type::f32 || dt == memory::data_type::bf16)) {
+    if (sq == 1 && (dt == f32 || dt == memory::data_type::bf16)) {
       if (cfg->cache) WriteSlot(k, k_new, v, v_new);
       DecodeArgs a;
       a.q = reinterpret_cast<const char*>(DataOf(q));
@@ -380,10 +440,16 @@ class Attention : public KernelBase {
       return Done(start);
     }
 
+    // widened: the primitives of a float32 call of this shape (on the widened copies)
+    const bool widened = emulated;
+    if (widened && !WidensHalf(dtypes_, dt, sq)) {
+      return Fallback(args, rv);
+    }
+    const memory::data_type cdt = widened ? f32 : dt, cmask_dt = widened ? f32 : mask_dt;
     IntKey key;
     key.Add(reinterpret_cast<int64_t>(cfg));
-    key.Add(static_cast<int64_t>(dt));
-    key.Add(static_cast<int64_t>(mask_dt));
+    key.Add(static_cast<int64_t>(cdt));
+    key.Add(static_cast<int64_t>(cmask_dt));
     for (int i = 0; i < 4; ++i) {
       for (int j = 0; j < 4; ++j) key.Add(dims[i][j]);
     }
@@ -391,25 +457,41 @@ class Attention : public KernelBase {
       for (int i = 0; i < mask->ndim; ++i) key.Add(mask->shape[i]);
     }
     std::shared_ptr<Plan> plan = FindOrMake(&plans_, key, [&]() {
-      return MakePlan(*cfg, layouts, dims[1][1], q, k, v, out, mask, sq, sk, dt);
+      return MakePlan(*cfg, layouts, dims[1][1], q, k, v, out, mask, sq, sk, cdt, cmask_dt);
     });
     if (plan == nullptr) return Fallback(args, rv);  // oneDNN has no primitive for it
     if (cfg->cache) WriteSlot(k, k_new, v, v_new);
     std::shared_ptr<void> owner = plan;
-    // this thread's scratch: the scores, the probabilities (in a half call), then each
-    // primitive's own scratchpad after them
-    bool separate = dt != memory::data_type::f32;
-    size_t p_at = (plan->s.get_size() + 63) & ~size_t(63);
-    size_t offset = separate ? p_at + ((plan->p.get_size() + 63) & ~size_t(63)) : p_at;
+    // this thread's scratch: the scores, the probabilities (in a half call), q, k, v, out and a
+    // half mask in float32 (widened), then each primitive's own scratchpad after them
+    auto aligned = [](size_t bytes) { return (bytes + 63) & ~size_t(63); };
+    bool separate = cdt != f32;
+    size_t p_at = aligned(plan->s.get_size());
+    size_t offset = separate ? p_at + aligned(plan->p.get_size()) : p_at;
+    const DLTensor* wide[5] = {q, k, v, out, mask_dt != f32 ? mask : nullptr};
+    size_t wide_at[5] = {};
+    for (int i = 0; i < 5 && widened; ++i) {
+      if (wide[i] == nullptr) continue;
+      wide_at[i] = offset;
+      offset += aligned(NumelOf(wide[i]) * 4);
+    }
     size_t scratch = std::max({plan->scratch_scores.get_size(), plan->scratch_softmax.get_size(),
                                plan->scratch_context.get_size()});
     char* base = static_cast<char*>(Scratchpad(offset + scratch + 256));
     char* probs = separate ? base + p_at : base;
+    // the data each primitive reads and writes: the call's tensors, or their float32 copies
+    void* data[5] = {DataOf(q), DataOf(k), DataOf(v), DataOf(out),
+                     mask != nullptr ? DataOf(mask) : nullptr};
+    for (int i = 0; i < 5 && widened; ++i) {
+      if (wide[i] == nullptr) continue;
+      data[i] = base + wide_at[i];
+      if (i != 3) WidenBf16(DataOf(wide[i]), static_cast<float*>(data[i]), NumelOf(wide[i]));
+    }
     ExecArgs first;
-    first.Add(DNNL_ARG_SRC, ThreadMemory(owner, 0, plan->q, DataOf(q)));
-    first.Add(DNNL_ARG_WEIGHTS, ThreadMemory(owner, 1, plan->kt, DataOf(k)));
+    first.Add(DNNL_ARG_SRC, ThreadMemory(owner, 0, plan->q, data[0]));
+    first.Add(DNNL_ARG_WEIGHTS, ThreadMemory(owner, 1, plan->kt, data[1]));
     first.Add(DNNL_ARG_DST, ThreadMemory(owner, 2, plan->s, base));
-    if (mask != nullptr) first.Add(plan->mask_arg, ThreadMemory(owner, 3, plan->mask, DataOf(mask)));
+    if (mask != nullptr) first.Add(plan->mask_arg, ThreadMemory(owner, 3, plan->mask, data[4]));
     if (cfg->causal) {
       first.Add(plan->causal_arg,
                 ThreadMemory(owner, 4, plan->causal_mask, plan->causal.data()));
@@ -423,10 +505,11 @@ class Attention : public KernelBase {
     Execute(plan->softmax, second);
     ExecArgs third;
     third.Add(DNNL_ARG_SRC, ThreadMemory(owner, 9, plan->p, probs));
-    third.Add(DNNL_ARG_WEIGHTS, ThreadMemory(owner, 10, plan->v, DataOf(v)));
-    third.Add(DNNL_ARG_DST, ThreadMemory(owner, 11, plan->out, DataOf(out)));
+    third.Add(DNNL_ARG_WEIGHTS, ThreadMemory(owner, 10, plan->v, data[2]));
+    third.Add(DNNL_ARG_DST, ThreadMemory(owner, 11, plan->out, data[3]));
     AddScratch(&third, owner, 12, plan->scratch_context, base + offset);
     Execute(plan->context, third);
+    if (widened) NarrowBf16(static_cast<const float*>(data[3]), DataOf(out), NumelOf(out));
     if (cfg->zero_masked && mask != nullptr) {
       ZeroMaskedRows(mask, mask_dt, out, dims[3], cfg->out_bshd);
     }
@@ -493,7 +576,7 @@ class Attention : public KernelBase {
                                         int64_t groups, const DLTensor* q, const DLTensor* k,
                                         const DLTensor* v, const DLTensor* out,
                                         const DLTensor* mask, int64_t sq, int64_t sk,
-                                        memory::data_type dt) {
+                                        memory::data_type dt, memory::data_type mask_dt) {
     auto plan = std::make_shared<Plan>();
     auto f32 = memory::data_type::f32;
     plan->q = Heads(q, layouts[0], groups, false, dt);
@@ -518,8 +601,6 @@ class Attention : public KernelBase {
       // its heads (1 or H) split as the scores' [G, R]
       memory::dims mdims = m4[1] == 1 ? memory::dims{m4[0], 1, 1, m4[2], m4[3]}
                                       : memory::dims{m4[0], groups, r, m4[2], m4[3]};
-      memory::data_type mask_dt;
-      if (!DataTypeOf(mask->dtype, &mask_dt)) return nullptr;
       plan->mask = Squeezed(memory::desc(mdims, mask_dt, memory::format_tag::abcde), mha);
       plan->mask_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(ops.len()) | DNNL_ARG_SRC_1;
       ops.append_binary(algorithm::binary_add, plan->mask);
@@ -559,8 +640,18 @@ class Attention : public KernelBase {
   std::unordered_map<IntKey, std::shared_ptr<Plan>, IntKeyHash> plans_;
 };
 
+// ``attention_create_detached(fallback, dtypes)``: a kernel as ``attention_create`` makes it, for
+// a CPU computing ``dtypes`` natively, but not the process's instance (no stats, clear or
+// forget reach it): the tests run either CPU's answer through it on any host
+ffi::Function CreateDetached(ffi::Function fallback, ffi::String dtypes) {
+  auto kernel = std::make_shared<Attention>(std::move(fallback), std::string(dtypes));
+  return ffi::Function::FromPacked(
+      [kernel](ffi::PackedArgs args, ffi::Any* rv) { (*kernel)(args, rv); });
+}
+
 }  // namespace
 }  // namespace plus_native
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(attention_create_detached, plus_native::CreateDetached);
 PLUS_NATIVE_EXPORT_KERNEL(attention, Attention);
 PLUS_NATIVE_EXPORT_PARSER(attention, ParseAttentionConfig);
