@@ -54,7 +54,7 @@ def compile_lm(
     from ..shared_weights import share_weights
     from .checks import Limits
     from .compiled_lm import CompiledLM
-    from .export import bucket_step, export_steps
+    from .export import bucket_step, export_steps, without_fake_tensor_cache
     from .step_module import cache_argument
 
     if not isinstance(model, torch.nn.Module):
@@ -88,9 +88,11 @@ def compile_lm(
         decode_buckets = resolve_target(target).kind.name == "cuda"
     # (at least 4 buckets: the export's example must lie strictly inside their range)
     bucket = bucket_step(max_length, max(options.cuda_graph_max_sizes, 4)) if decode_buckets else 0
-    programs = export_steps(model, vocab, max_batch, max_length, bucket)
-    prefill = plus_compile(programs.prefill, target, options=options)
-    decode = plus_compile(programs.decode, target, options=options)
+    # (the steps' decompositions, in the compiles, without the fake-tensor cache as well)
+    with without_fake_tensor_cache():
+        programs = export_steps(model, vocab, max_batch, max_length, bucket)
+        prefill = plus_compile(programs.prefill, target, options=options)
+        decode = plus_compile(programs.decode, target, options=options)
     share_weights([prefill, decode])  # (each compile copied every weight: held once now)
     generation = getattr(model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)

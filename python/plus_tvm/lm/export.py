@@ -191,11 +191,29 @@ def eager_attention(model: torch.nn.Module) -> Iterator[None]:
             config._attn_implementation = before[key]
 
 
+@contextlib.contextmanager
+def without_fake_tensor_cache() -> Iterator[None]:
+    """torch's fake-tensor dispatch cache off while a step is exported (the setting restored
+    afterwards; the same graph is traced).
+
+    The program's fake mode is created with the setting and kept in it, so the program's
+    ``run_decompositions`` (:func:`plus_tvm.frontend.export_torch`) runs without the cache too.
+    With the steps' symbolic batch and lengths a cache hit costs more than the fake kernel it
+    saves: it rebuilds the output tensor with ``empty_strided`` over symbolic sizes, whose
+    strides and contiguity are worked out again in Python ``SymInt`` arithmetic (on a tiny
+    2-layer Qwen2, export and decomposition of both steps took 17-19 s of CPU with the cache,
+    13.5-15 s without)."""
+    import torch._dynamo.config as dynamo_config
+
+    with dynamo_config.patch(fake_tensor_cache_enabled=False):
+        yield
+
+
 def _export(
     step: LMStep, args: tuple, dynamic_shapes: tuple, name: str, what: str
 ) -> torch.export.ExportedProgram:
     try:
-        with torch.no_grad(), eager_attention(step.model):
+        with torch.no_grad(), eager_attention(step.model), without_fake_tensor_cache():
             program = torch.export.export(
                 step,
                 args,
