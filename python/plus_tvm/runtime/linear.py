@@ -21,16 +21,23 @@ slower than float32 (bfloat16 ``addmm`` on an AVX2 EPYC: 31 ms at 128x768x3072 a
 widened). Such a call computes the float32 way instead: the weights widened to float32 once
 and packed by the cache, the activation widened per call, the result rounded to the half dtype
 once, where torch rounds (products of half values are exact in float32). float16 always
-widens; bfloat16 from 3 rows (``_common.WIDEN_MIN_ROWS``): at one row (a decode step's GEMV)
-torch's bfloat16 GEMV streams half the weight bytes and wins. ``linear_layernorm``, ``matmul``
+widens; bfloat16 from 3 rows (``_common.WIDEN_MIN_ROWS``). ``linear_layernorm``, ``matmul``
 and ``conv2d`` follow the same rule (``_common.widened_half``); CPUs that compute bfloat16
 natively keep their bfloat16 kernels.
+
+One- and two-row bfloat16 linears (a decode step's GEMVs) on such a CPU read the bfloat16
+weight as stored (widening it would stream twice the bytes) in the native library's GEMV
+(``native/gemv_half.cc``: AVX2 + FMA, float32 sums, rounded as torch's graph rounds), which
+the native ``plus.linear`` calls without Python and this kernel calls when the library is
+loaded (:func:`half_gemv`); torch's bfloat16 GEMV there runs well below the memory's speed.
+Without the library (or AVX2) they stay on torch's ``addmm``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from . import _common
 from ._common import (
     ACTIVATIONS,
     ONEDNN_SCALARS,
@@ -143,6 +150,59 @@ def use_onednn(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> bool:
     return onednn_usable(x, w, out) and 2.0 * x.numel() * out.shape[-1] >= ONEDNN_MIN_FLOPS
 
 
+# The most rows a bfloat16 linear runs the native GEMV with (one per sequence of a decode step
+# at batch 1 and 2); from WIDEN_MIN_ROWS (3) on it computes in float32 on a widened weight.
+HALF_GEMV_MAX_ROWS = 2
+_HALF_GEMV: list = []  # the native GEMV (gemv_half.cc), once the library is loaded
+
+
+def half_gemv_applies(x: torch.Tensor, rows: int) -> bool:
+    """Whether a linear on ``x`` (``rows`` rows) is one for the native bfloat16 GEMV: bfloat16
+    on a CPU without bfloat16 GEMM instructions (``cpu_features``), at most
+    ``HALF_GEMV_MAX_ROWS`` rows."""
+    return (
+        x.dtype == torch.bfloat16
+        and 1 <= rows <= HALF_GEMV_MAX_ROWS
+        and x.device.type == "cpu"
+        and "bfloat16" not in _common.cpu_dtypes()
+    )
+
+
+def _native_half_gemv():
+    if not _HALF_GEMV:
+        from . import native
+
+        make = native.function("gemv_half_function")
+        if make is None:  # the library is not loaded (PLUS_TVM_NATIVE=0, no compiler, not yet)
+            return None
+        _HALF_GEMV.append(make())
+    return _HALF_GEMV[0]
+
+
+def half_gemv(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    layout: str,
+    biases: Sequence[torch.Tensor] | None,
+    residual: torch.Tensor | None,
+    act: str,
+    out: torch.Tensor,
+) -> bool:
+    """``act(x @ [W_1; ...] + bias) + residual`` into ``out`` by the native bfloat16 GEMV
+    (``native/gemv_half.cc``); False, with nothing written, where it does not run the call
+    (the library not loaded, a CPU without AVX2, a tensor strided or of another dtype, more
+    than two rows). Call it where :func:`half_gemv_applies`."""
+    gemv = _native_half_gemv()
+    if gemv is None:
+        return False
+    config = (
+        f"w={layout};bias={int(biases is not None)};residual={int(residual is not None)};"
+        f"act={act};parts={len(weights)}"
+    )
+    tail = [residual] if residual is not None else []
+    return bool(gemv(x, *weights, *(biases or ()), *tail, config, out))
+
+
 def generic_linear(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -152,9 +212,14 @@ def generic_linear(
     act: str,
     out: torch.Tensor,
 ) -> None:
-    """``act(x @ W + bias) + residual`` written straight into ``out`` (BLAS ``out=`` variants)."""
+    """``act(x @ W + bias) + residual`` written straight into ``out`` (BLAS ``out=`` variants;
+    the native bfloat16 GEMV for one or two rows where :func:`half_gemv_applies`)."""
     k = x.shape[-1]
     n = out.shape[-1]
+    if half_gemv_applies(x, x.numel() // max(k, 1)):
+        biases = [bias] if bias is not None else None
+        if half_gemv(x, [w], layout, biases, residual, act, out):
+            return
     x2 = x.reshape(-1, k)
     wt = w.t() if layout == "nk" else w  # [K, N]
     o2 = out.view(-1, n) if out.is_contiguous() else None
@@ -243,6 +308,10 @@ class Linear(LibraryKernel):
     def run(self, cfg, inputs: Sequence[torch.Tensor], out: torch.Tensor) -> None:
         x, weights, biases, residual = self._split(cfg, inputs)
         rows = x.numel() // max(x.shape[-1], 1)
+        if half_gemv_applies(x, rows) and half_gemv(
+            x, weights, cfg.w, biases, residual, cfg.act, out
+        ):
+            return  # every part read as stored: no joined copy
         if widened_half(x, rows) and 2.0 * x.numel() * out.shape[-1] >= ONEDNN_MIN_FLOPS:
             self._run_widened(cfg, x, weights, biases, residual, out)
             return

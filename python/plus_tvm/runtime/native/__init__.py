@@ -64,6 +64,8 @@ SOURCES = (
     "onednn_attention.cc",
     "onednn_conv2d.cc",
     "onednn_linear.cc",
+    "gemv_half.cc",
+    "gemv_half.h",
     "index_check.cc",
     "nan_guard.cc",
     "nan_guard.h",
@@ -407,6 +409,13 @@ def take_invalid_flags() -> int:
 def installed(name: str) -> object | None:
     """The native function registered for kernel ``name``, if native kernels are in use."""
     return _STATE.installed.get(name)
+
+
+def function(name: str) -> object | None:
+    """The loaded library's exported function ``name`` (e.g. ``gemv_half_function``), or None
+    while the library is not loaded. Loading is not started here."""
+    module = _STATE.module
+    return module[name] if module is not None else None
 
 
 def parse(kernel: str, config: str) -> tuple[bool, bool] | None:

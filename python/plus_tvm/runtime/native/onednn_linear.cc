@@ -20,6 +20,7 @@
 // sequence length. The weight is packed once per (weight, layout) for the first M seen, and
 // primitives for other M take that packed layout when oneDNN can (else they pack their own).
 
+#include "gemv_half.h"
 #include "onednn_common.h"
 
 namespace plus_native {
@@ -94,6 +95,12 @@ class LinearKernel : public KernelBase {
 
   void operator()(ffi::PackedArgs args, ffi::Any* rv) {
     int64_t start = NowNs();
+    // a bfloat16 call of one or two rows on a CPU without bfloat16 GEMM instructions: the
+    // GEMV of gemv_half.cc (parts too), which streams the weight as stored
+    if (HalfGemvWanted(native_bf16_) &&
+        (kNorm ? HalfGemvLinearNorm(args) : HalfGemvLinear(args))) {
+      return Done(start);
+    }
     Call call;
     const LinearConfig* cfg =
         Begin(args, &configs_, kNorm ? ParseLinearNorm : ParseLinear, &call, /*extra_out_ok=*/kNorm);
@@ -311,6 +318,8 @@ class LinearKernel : public KernelBase {
     return os.str();
   }
 
+  const bool native_bf16_ = std::find(dtypes_.begin(), dtypes_.end(),
+                                      memory::data_type::bf16) != dtypes_.end();
   ConfigCache<LinearConfig> configs_;
   std::unordered_map<IntKey, std::shared_ptr<Plan>, IntKeyHash> plans_;
   std::unordered_map<IntKey, Bound, IntKeyHash> bound_;
