@@ -27,6 +27,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
 import tvm.relax.ir.instrument  # noqa: E402  (tvm.relax.ir is not imported by ``import tvm``)
+from _xdist_schedule import order_for_xdist  # noqa: E402
 
 torch.manual_seed(0)
 torch.set_num_threads(2)
@@ -46,6 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        order_for_xdist(items)
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (tvm.cuda(0).exist is false)")
