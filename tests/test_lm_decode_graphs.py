@@ -91,8 +91,9 @@ FAMILIES = {
     "mistral": {"sliding_window": 6},  # (a window shorter than the prompt)
     "falcon": {},  # multi-query
     "bloom": {},  # ALiBi from the mask's cumsum
-    "qwen2": {},
 }
+# (Qwen2 is LLaMA's decode with biases on q, k, v: the same bucketed attention, mask and slot;
+# its own tokens are checked in tests/test_lm_generate.py's family sweep)
 # BLOOM's bucketed decode keeps its attention in TIR (the [B * H] scores' regrouping over the
 # bucketed mask is not matched yet): its tokens are checked with the loop writing the cache
 TIR_ATTENTION = {"bloom"}
