@@ -436,9 +436,9 @@ def onednn_usable(*tensors: torch.Tensor) -> bool:
 # wins everywhere (K x N in 768x768, 768x3072, 3072x768, 2048x2048, 2048x5632: 1.1-2.1x at 3
 # rows and weights streamed from memory as in a model, 1.2-1.5x at 4, 2-3x at 8, 5-7x at 128
 # and 1024; convolutions at ResNet-50's layers 2.7-70x, attention's batched matmuls 2-35x). At
-# one row (a decode step's GEMV) torch's bfloat16 GEMV streams half the weight bytes and wins on
-# weights that do not stay in cache (0.44-0.77x; 768x50257: 5.2 ms against 7.5), at two rows
-# it is even (0.77-1.16x).
+# one and two rows (a decode step's GEMVs) a bfloat16 GEMV streams half the weight bytes and wins
+# on weights that do not stay in cache; that GEMV is the native library's where it is loaded
+# (native/gemv_half.cc: 0.98-1.7x the memory bound; torch's bfloat16 GEMV runs at 1.4-51x).
 WIDEN_MIN_ROWS = {"float16": 1, "bfloat16": 3}
 
 
