@@ -15,7 +15,6 @@ call, a VM builtin) over the decode steps of one ``generate`` and sums it by nam
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import statistics
@@ -41,33 +40,12 @@ def timed(run, repeat: int) -> tuple[float, float]:
 
 
 def profile(lm, ids, mask, n: int) -> list[dict]:
-    """Per-name rows ``{"name", "calls", "us"}`` per decode step, slowest first."""
-    import tvm_ffi
+    """Per-name rows ``{"name", "calls", "us"}`` per decode step, slowest first (the VM
+    instrument of scripts/bench_decode_families.py), after the generate's ms per token."""
+    from bench_decode_families import profile_decode  # (this script's folder is on sys.path)
 
-    lm.generate(ids, 2, attention_mask=mask, eos_token_id=[])  # (the decode VM exists now)
-    vm = lm.decode._local.vm
-    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    started: list[float] = []
-
-    def instrument(func, symbol, before_run, ret, *rest):
-        del func, ret, rest
-        if before_run:
-            started.append(time.perf_counter())
-        else:
-            row = totals[str(symbol)]
-            row[0] += 1
-            row[1] += (time.perf_counter() - started.pop()) * 1e6
-        return 0
-
-    vm.set_instrument(tvm_ffi.convert(instrument))
-    t0 = time.perf_counter()
-    lm.generate(ids, n, attention_mask=mask, eos_token_id=[])
-    wall = time.perf_counter() - t0
-    vm.set_instrument(tvm_ffi.convert(lambda *a: 0))
-    steps = n - 1
-    rows = [{"name": k, "calls": c / steps, "us": us / steps} for k, (c, us) in totals.items()]
-    rows.sort(key=lambda r: -r["us"])
-    return [{"generate_ms_per_token": round(wall * 1e3 / n, 3)}, *rows]
+    head, *rows = profile_decode(lm, ids, mask, n)
+    return [{"generate_ms_per_token": round(head["generate_ms"] / n, 3)}, *rows]
 
 
 def main() -> None:
