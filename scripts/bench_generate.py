@@ -52,14 +52,33 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"--backends: unknown {unknown}; known: {', '.join(BACKENDS)}")
     jobs = [(m, d) for m in _split(args.models) for d in _split(args.dtypes)]
+    progress = args.progress or (args.json + ".progress.jsonl" if args.json else None)
+    done = _load_progress(progress, args) if progress and args.resume else {}
+    if progress and not args.resume:
+        open(progress, "w").close()
+    settings = _settings_key(args)
     bandwidth: list[dict] = []
     runs: list[dict] = []
     for r in range(args.rounds):
-        bandwidth.append(_spawn(args, "bandwidth", None, None))
+        bandwidth.append(
+            _landed(
+                done,
+                progress,
+                settings,
+                (r, "bandwidth", None, None),
+                lambda: _spawn(args, "bandwidth", None, None),
+            )
+        )
         order = backends if r % 2 == 0 else backends[::-1]
         for model, dtype in jobs:
             for backend in order:
-                result = _spawn(args, backend, model, dtype)
+                result = _landed(
+                    done,
+                    progress,
+                    settings,
+                    (r, backend, model, dtype),
+                    lambda b=backend, m=model, d=dtype: _spawn(args, b, m, d),
+                )
                 runs.append(
                     {"round": r, "backend": backend, "model": model, "dtype": dtype, **result}
                 )
@@ -108,6 +127,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="weights and prompts")
     p.add_argument("--worker-timeout", type=float, default=3600.0)
     p.add_argument("--json", help="write the full report here")
+    p.add_argument(
+        "--progress",
+        help="append each worker's result here as it lands (default: JSON path + .progress.jsonl)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the results already in the progress file (same settings) and run the rest",
+    )
     p.add_argument("--worker", choices=(*BACKENDS, "bandwidth"), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--dtype", help=argparse.SUPPRESS)
@@ -120,6 +148,50 @@ def _split(text: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ the parent
+
+_KEYED_SETTINGS = (
+    "batches",
+    "prompt",
+    "new_tokens",
+    "repeat",
+    "target",
+    "compile_mode",
+    "seed",
+    "opt",
+)
+
+
+def _settings_key(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in _KEYED_SETTINGS}
+
+
+def _load_progress(path: str, args: argparse.Namespace) -> dict:
+    """The results of an earlier, interrupted run with the same settings, by (round, worker,
+    model, dtype); lines from other settings are ignored, a torn last line is dropped."""
+    done: dict = {}
+    if not os.path.exists(path):
+        return done
+    with open(path) as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if entry.get("settings") == _settings_key(args) and "error" not in entry["result"]:
+                done[tuple(entry["key"])] = entry["result"]
+    return done
+
+
+def _landed(done: dict, path: str | None, settings: dict, key: tuple, run) -> dict:
+    """A worker's result: the one already in the progress file, else run it and append it."""
+    if key in done:
+        print(f"[bench_generate] reused {key} from {path}", file=sys.stderr, flush=True)
+        return done[key]
+    result = run()
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"key": list(key), "settings": settings, "result": result}) + "\n")
+    return result
 
 
 def _spawn(args: argparse.Namespace, worker: str, model: str | None, dtype: str | None) -> dict:
