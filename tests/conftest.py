@@ -27,7 +27,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
 import tvm.relax.ir.instrument  # noqa: E402  (tvm.relax.ir is not imported by ``import tvm``)
-from _xdist_schedule import order_for_xdist  # noqa: E402
+from _xdist_schedule import SharedCompileScheduling, order_for_xdist  # noqa: E402
 
 torch.manual_seed(0)
 torch.set_num_threads(2)
@@ -44,6 +44,15 @@ def _has_gpu() -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped where none is present)")
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # (before xdist's own, a first-result hook)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201
+    """``--dist loadfile`` (scripts/test) with the files sharing a compile cache as one unit
+    (tests/_xdist_schedule.py); any other mode is xdist's own."""
+    if config.getvalue("dist") == "loadfile":
+        return SharedCompileScheduling(config, log)
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
