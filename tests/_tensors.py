@@ -1,5 +1,6 @@
 """Test helpers shared by the kernel tests: torch tensors to and from TVM (bfloat16 through
-ml_dtypes, as numpy has none), and a one-call executable of a ``plus.*`` packed kernel."""
+ml_dtypes, as numpy has none), a one-call executable of a ``plus.*`` packed kernel, and torch's
+own form of every activation a kernel config names."""
 
 from __future__ import annotations
 
@@ -7,7 +8,21 @@ import ml_dtypes
 import numpy as np
 import torch
 import tvm
+from torch.nn import functional as F  # noqa: N812
 from tvm import relax
+
+# The activations of plus_tvm.runtime._common (ACTIVATIONS) as torch computes them: the
+# references the kernels' outputs are checked against.
+TORCH_ACTIVATIONS = {
+    "none": lambda t: t,
+    "relu": F.relu,
+    "relu6": F.relu6,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "silu": F.silu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+}
 
 
 def to_tvm(t: torch.Tensor):

@@ -10,6 +10,8 @@ import plus_tvm.runtime as rt
 import pytest
 import torch
 import tvm
+from _tensors import TORCH_ACTIVATIONS
+from plus_tvm.runtime import _common
 from plus_tvm.target import resolve_target
 from torch.nn import functional as F  # noqa: N812
 from tvm import relax
@@ -64,15 +66,7 @@ def rand(*shape: int) -> torch.Tensor:
     return torch.randn(*shape)
 
 
-ACT = {
-    "none": lambda y: y,
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-}
+ACT = TORCH_ACTIVATIONS
 
 
 def test_registered_on_import():
@@ -103,6 +97,10 @@ def linear_path(request, monkeypatch):
     threshold = 0.0 if request.param == "onednn" else float("inf")
     monkeypatch.setattr(rt.linear, "ONEDNN_MIN_FLOPS", threshold)
     return request.param
+
+
+def test_activation_references_cover_the_kernels_contract():
+    assert sorted(ACT) == sorted(_common.ACTIVATIONS)
 
 
 @pytest.mark.parametrize("act", list(ACT))
