@@ -1,11 +1,11 @@
-"""The native bfloat16 GEMV (``runtime/native/gemv_half.cc``): one- and two-row bfloat16 linears
+"""The native bfloat16 GEMV (``runtime/native/gemv.cc``): bfloat16 linears of one to eight rows
 on CPUs without bfloat16 GEMM instructions, as the native ``plus.linear`` (the VM's call) and the
 Python kernel run them.
 
 Numerics against torch's float32 (the error no larger than torch's bfloat16 graph's, and nearly
 every output equal to it: both round the same float32 values at the same places) for every
 config form the kernel takes: ``w=nk|kn``, bias, residual, every activation, ``parts`` > 1, one
-and two rows of 2-D and 3-D inputs, K and N off the vector widths, serial and threaded sizes.
+to eight rows of 2-D and 3-D inputs, K and N off the vector widths, serial and threaded sizes.
 Dispatch with the CPU's answer forced both ways (``gemv_half_force`` for the C++ kernel,
 ``cpu_dtypes`` for the Python one), so it runs on any host.
 """
@@ -18,23 +18,15 @@ import plus_tvm
 import plus_tvm.runtime as rt
 import pytest
 import torch
-from _tensors import from_tvm, to_tvm
+from _tensors import TORCH_ACTIVATIONS, from_tvm, to_tvm
 from plus_tvm.runtime import _common, native
+from plus_tvm.runtime.linear import HALF_GEMV_MAX_ROWS
 from torch.nn import functional as F  # noqa: N812
 
 BF16 = torch.bfloat16
 NO_BF16 = ("float32",)  # an AVX2 CPU
 NATIVE_BF16 = ("float32", "bfloat16")  # avx512_bf16 / AMX
-ACTS = {
-    "none": lambda t: t,
-    "relu": F.relu,
-    "relu6": F.relu6,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-}
+ACTS = TORCH_ACTIVATIONS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -117,7 +109,8 @@ def tensors(x, ws, bs, r):
 
 
 # (rows, K, Ns, layout, bias, residual, act, 3-D): tails of K (mod 16, odd) and N (mod 4, 16);
-# 768 x 200 (300 KiB) runs on the thread team, the small ones on the calling thread
+# 768 x 200 (300 KiB) runs on the thread team, the small ones on the calling thread; 1 to
+# MAX_ROWS rows
 CASES = [
     (1, 64, [48], "nk", False, False, "none", False),
     (2, 64, [48], "nk", True, False, "none", False),
@@ -131,6 +124,13 @@ CASES = [
     (2, 64, [16, 24, 8], "kn", False, False, "gelu", True),
     (1, 512, [128, 256], "nk", False, False, "none", False),
     (2, 513, [128, 133], "kn", True, False, "none", False),
+    # 3 to 8 rows (a decode step at batch 3-8): two sums per row up to 4 rows, one past that
+    (3, 77, [37], "nk", True, True, "none", False),
+    (4, 768, [200], "nk", True, False, "silu", True),
+    (5, 768, [203], "kn", True, True, "none", False),
+    (8, 768, [200], "nk", False, True, "gelu_tanh", False),
+    (8, 95, [33, 16], "kn", True, False, "none", True),
+    (7, 513, [128], "nk", True, False, "relu", False),
 ]
 
 
@@ -201,9 +201,13 @@ def test_dispatch_forced_both_ways(cpu):
         check(from_tvm(out_t), x, ws, "nk", bs, r, "none")
 
 
+def test_rows_limit_is_the_librarys():
+    assert stats()["max_rows"] == HALF_GEMV_MAX_ROWS
+
+
 def test_python_kernel_dispatch(cpu):
-    """The Python kernels call the GEMV only for bfloat16 of one or two rows on a CPU without
-    bfloat16: not where the CPU computes it, not at three rows (widened float32), not for
+    """The Python kernels call the GEMV only for bfloat16 of one to eight rows on a CPU without
+    bfloat16: not where the CPU computes it, not at nine rows (widened float32), not for
     float32; linear_layernorm's one-row GEMM takes it too; a strided output falls back."""
     kernel = rt.KERNELS["plus.linear"]
     x, ws, bs, _, out = make(1, 64, [32], "nk", True, False)
@@ -214,8 +218,8 @@ def test_python_kernel_dispatch(cpu):
     assert gemv_calls() == calls
     check(out, x, ws, "nk", bs, None, "none")
     cpu(NO_BF16)
-    x3, w3, b3, _, out3 = make(3, 64, [32], "nk", True, False)
-    kernel.call(x3, w3[0], b3[0], config=cfg, out=out3)
+    x9, w9, b9, _, out9 = make(HALF_GEMV_MAX_ROWS + 1, 64, [32], "nk", True, False)
+    kernel.call(x9, w9[0], b9[0], config=cfg, out=out9)
     kernel.call(x.float(), ws[0].float(), bs[0].float(), config=cfg, out=out.float())
     assert gemv_calls() == calls
     strided = torch.empty(1, 64, dtype=BF16)[:, ::2]
@@ -251,7 +255,7 @@ def test_compiled_decode_shaped_linear_uses_it(cpu):
 
 
 @pytest.mark.parametrize("sum_out", [False, True])
-@pytest.mark.parametrize("layout,rows", [("nk", 1), ("kn", 2)])
+@pytest.mark.parametrize("layout,rows", [("nk", 1), ("kn", 2), ("nk", 6)])
 def test_native_linear_layernorm_runs_the_gemv(layout, rows, sum_out, cpu):
     """The native plus.linear_layernorm (GPT-2's projections and the norm after them): the
     GEMV's sum rounded (handed out with ``sum_out``), its layer normalization as torch's."""

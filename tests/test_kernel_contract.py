@@ -76,10 +76,11 @@ def test_cpp_parser_takes_every_spec_key_and_value(kernel):
 
 
 def _cpp_keys() -> set[str]:
-    """Every key a C++ parser compares against (``key == "..."`` in the native sources)."""
+    """Every key a C++ parser compares against (``key == "..."`` in the native sources and
+    headers)."""
     keys: set[str] = set()
-    for source in Path(native.SOURCE_DIR).glob("*.cc"):
-        keys |= set(re.findall(r'key == "(\w+)"', source.read_text()))
+    for name in native.SOURCES:
+        keys |= set(re.findall(r'key == "(\w+)"', (Path(native.SOURCE_DIR) / name).read_text()))
     return keys
 
 

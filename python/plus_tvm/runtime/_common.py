@@ -435,10 +435,10 @@ def onednn_usable(*tensors: torch.Tensor) -> bool:
 # widening and the output's rounding; scripts/bench_widened_half.py): at 3+ rows the widened GEMM
 # wins everywhere (K x N in 768x768, 768x3072, 3072x768, 2048x2048, 2048x5632: 1.1-2.1x at 3
 # rows and weights streamed from memory as in a model, 1.2-1.5x at 4, 2-3x at 8, 5-7x at 128
-# and 1024; convolutions at ResNet-50's layers 2.7-70x, attention's batched matmuls 2-35x). At
-# one and two rows (a decode step's GEMVs) a bfloat16 GEMV streams half the weight bytes and wins
-# on weights that do not stay in cache; that GEMV is the native library's where it is loaded
-# (native/gemv_half.cc: 0.98-1.7x the memory bound; torch's bfloat16 GEMV runs at 1.4-51x).
+# and 1024; convolutions at ResNet-50's layers 2.7-70x, attention's batched matmuls 2-35x). A
+# linear of up to eight rows (a decode step's) takes the native library's bfloat16 GEMV first
+# where it is loaded (runtime/linear.py HALF_GEMV_MAX_ROWS; native/gemv.cc), which streams half
+# the weight bytes (torch's bfloat16 GEMV runs at 1.4-51x the memory bound).
 WIDEN_MIN_ROWS = {"float16": 1, "bfloat16": 3}
 
 

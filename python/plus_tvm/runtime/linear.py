@@ -25,12 +25,13 @@ widens; bfloat16 from 3 rows (``_common.WIDEN_MIN_ROWS``). ``linear_layernorm``,
 and ``conv2d`` follow the same rule (``_common.widened_half``); CPUs that compute bfloat16
 natively keep their bfloat16 kernels.
 
-One- and two-row bfloat16 linears (a decode step's GEMVs) on such a CPU read the bfloat16
-weight as stored (widening it would stream twice the bytes) in the native library's GEMV
-(``native/gemv_half.cc``: AVX2 + FMA, float32 sums, rounded as torch's graph rounds), which
-the native ``plus.linear`` calls without Python and this kernel calls when the library is
+bfloat16 linears of one to eight rows (a decode step's, one row per sequence) on such a CPU
+read the bfloat16 weight as stored (widening it would stream twice the bytes) in the native
+library's GEMV (``native/gemv.cc``: AVX2 + FMA, float32 sums, rounded as torch's graph rounds),
+which the native ``plus.linear`` calls without Python and this kernel calls when the library is
 loaded (:func:`half_gemv`); torch's bfloat16 GEMV there runs well below the memory's speed.
-Without the library (or AVX2) they stay on torch's ``addmm``.
+Without the library (or AVX2) they stay on torch's ``addmm`` (one and two rows) or widen.
+(float32 calls of two to eight rows take the library's float32 GEMV in the native kernel.)
 """
 
 from __future__ import annotations
@@ -151,9 +152,10 @@ def use_onednn(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> bool:
 
 
 # The most rows a bfloat16 linear runs the native GEMV with (one per sequence of a decode step
-# at batch 1 and 2); from WIDEN_MIN_ROWS (3) on it computes in float32 on a widened weight.
-HALF_GEMV_MAX_ROWS = 2
-_HALF_GEMV: list = []  # the native GEMV (gemv_half.cc), once the library is loaded
+# at batch 1 to 8: native/gemv.cc's kMaxRows, which the library reports); more rows compute in
+# float32 on a widened weight (``_common.widened_half``).
+HALF_GEMV_MAX_ROWS = 8
+_HALF_GEMV: list = []  # the native GEMV (gemv.cc), once the library is loaded
 
 
 def half_gemv_applies(x: torch.Tensor, rows: int) -> bool:
@@ -189,9 +191,9 @@ def half_gemv(
     out: torch.Tensor,
 ) -> bool:
     """``act(x @ [W_1; ...] + bias) + residual`` into ``out`` by the native bfloat16 GEMV
-    (``native/gemv_half.cc``); False, with nothing written, where it does not run the call
+    (``native/gemv.cc``); False, with nothing written, where it does not run the call
     (the library not loaded, a CPU without AVX2, a tensor strided or of another dtype, more
-    than two rows). Call it where :func:`half_gemv_applies`."""
+    than ``HALF_GEMV_MAX_ROWS`` rows). Call it where :func:`half_gemv_applies`."""
     gemv = _native_half_gemv()
     if gemv is None:
         return False
@@ -213,7 +215,7 @@ def generic_linear(
     out: torch.Tensor,
 ) -> None:
     """``act(x @ W + bias) + residual`` written straight into ``out`` (BLAS ``out=`` variants;
-    the native bfloat16 GEMV for one or two rows where :func:`half_gemv_applies`)."""
+    the native bfloat16 GEMV for a few rows where :func:`half_gemv_applies`)."""
     k = x.shape[-1]
     n = out.shape[-1]
     if half_gemv_applies(x, x.numel() // max(k, 1)):

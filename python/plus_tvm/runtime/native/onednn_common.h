@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace plus_native {
@@ -53,12 +54,26 @@ inline void* Scratchpad(size_t bytes) {
 // ------------------------------------------------------------------------------------ config
 
 // The activations of ../_common.py (ACTIVATIONS).
-inline bool IsActivation(const std::string& name) {
-  for (const char* known :
-       {"none", "relu", "relu6", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"}) {
-    if (name == known) return true;
+enum class Activation { kNone, kRelu, kRelu6, kGelu, kGeluTanh, kSilu, kSigmoid, kTanh };
+
+inline bool ActivationOf(const std::string& name, Activation* act) {
+  static const std::pair<const char*, Activation> kKnown[] = {
+      {"none", Activation::kNone},         {"relu", Activation::kRelu},
+      {"relu6", Activation::kRelu6},       {"gelu", Activation::kGelu},
+      {"gelu_tanh", Activation::kGeluTanh}, {"silu", Activation::kSilu},
+      {"sigmoid", Activation::kSigmoid},   {"tanh", Activation::kTanh}};
+  for (const auto& [known, value] : kKnown) {
+    if (name == known) {
+      *act = value;
+      return true;
+    }
   }
   return false;
+}
+
+inline bool IsActivation(const std::string& name) {
+  Activation act;
+  return ActivationOf(name, &act);
 }
 
 // Appends ``act`` to ``ops`` as oneDNN post-ops and the indices of the PReLU post-ops it used to

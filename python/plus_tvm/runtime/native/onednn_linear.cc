@@ -20,58 +20,12 @@
 // sequence length. The weight is packed once per (weight, layout) for the first M seen, and
 // primitives for other M take that packed layout when oneDNN can (else they pack their own).
 
-#include "gemv_half.h"
+#include "gemv.h"
+#include "linear_config.h"
 #include "onednn_common.h"
 
 namespace plus_native {
 namespace {
-
-struct LinearConfig {
-  bool kn = false;  // w is [K, N] (else [N, K])
-  bool bias = false;
-  bool residual = false;
-  bool prepack = true;
-  bool nan = true;  // ReLU keeps NaN (the Python kernel's semantics; no key for it)
-  int64_t parts = 1;
-  std::string act = "none";
-  // plus.linear_layernorm
-  bool norm = false;
-  bool gamma = false;
-  bool beta = false;
-  bool sum_out = false;
-  float eps = 1e-5f;
-  bool known = false;  // every item understood (a key and value of the kernel's spec)
-  bool native = false;
-
-  int inputs() const { return 2 + bias + residual + gamma + beta; }
-};
-
-LinearConfig ParseLinearConfig(const std::string& text, bool norm) {
-  LinearConfig cfg;
-  cfg.norm = norm;
-  bool ok = ForEachItem(text, [&](const std::string& key, const std::string& value) {
-    if (key == "w") {
-      cfg.kn = value == "kn";
-      return value == "kn" || value == "nk";
-    }
-    if (key == "bias") return ParseFlag(value, &cfg.bias);
-    if (key == "residual") return ParseFlag(value, &cfg.residual);
-    if (key == "prepack") return ParseFlag(value, &cfg.prepack);
-    if (!norm && key == "parts") return ParseInts(value, &cfg.parts, 1);
-    if (!norm && key == "act") {
-      cfg.act = value;
-      return IsActivation(value);
-    }
-    if (norm && key == "gamma") return ParseFlag(value, &cfg.gamma);
-    if (norm && key == "beta") return ParseFlag(value, &cfg.beta);
-    if (norm && key == "sum_out") return ParseFlag(value, &cfg.sum_out);
-    if (norm && key == "eps") return ParseFloat(value, &cfg.eps);
-    return false;  // a key of a newer contract: the Python side knows it
-  });
-  cfg.known = ok;
-  cfg.native = ok && cfg.prepack && cfg.parts == 1;
-  return cfg;
-}
 
 LinearConfig ParseLinear(const std::string& text) { return ParseLinearConfig(text, false); }
 LinearConfig ParseLinearNorm(const std::string& text) { return ParseLinearConfig(text, true); }
@@ -95,10 +49,11 @@ class LinearKernel : public KernelBase {
 
   void operator()(ffi::PackedArgs args, ffi::Any* rv) {
     int64_t start = NowNs();
-    // a bfloat16 call of one or two rows on a CPU without bfloat16 GEMM instructions: the
-    // GEMV of gemv_half.cc (parts too), which streams the weight as stored
-    if (HalfGemvWanted(native_bf16_) &&
-        (kNorm ? HalfGemvLinearNorm(args) : HalfGemvLinear(args))) {
+    // a decode step's linears (gemv.cc, parts too): float32 of two to eight rows, bfloat16 of
+    // one to eight on a CPU without bfloat16 GEMM instructions; the weight streamed as stored
+    if (FloatGemvLinear(args, kNorm) ||
+        (HalfGemvWanted(native_bf16_) &&
+         (kNorm ? HalfGemvLinearNorm(args) : HalfGemvLinear(args)))) {
       return Done(start);
     }
     Call call;

@@ -1,14 +1,15 @@
-"""One- and two-row linears (a decode step's GEMVs) against the memory bound, per shape.
+"""Linears of a few rows (a decode step's) against the memory bound, per shape.
 
 Per shape (K -> N, weight layout ``nk`` as ``nn.Linear`` holds it or ``kn`` as GPT-2's Conv1D)
-and row count: torch's bfloat16 linear, torch's float32 linear, ``plus.linear`` in bfloat16 (the
-Python kernel, or ``--vm``: the native kernel as the VM calls it), each on several copies of
-the weight taken in turn (more bytes than the caches hold, as a model's weights are in a decode
-step), against the bound: the weight's bytes / copy bandwidth (a large ``Tensor.copy_``,
-counted as read + write bytes / time). Median of ``--repeat`` passes over the copies, us per
-call.
+and row count, in ``--dtype``: torch's linear, ``plus.linear`` (the Python kernel, or ``--vm``:
+the native kernel as the VM calls it, then with the native GEMV switched off: oneDNN's GEMM in
+float32, the widened or torch path in bfloat16), each on several copies of the weight taken in
+turn (more bytes than the caches hold, as a model's weights are in a decode step), against the
+bound: the weight's bytes / copy bandwidth (a large ``Tensor.copy_``, counted as read + write
+bytes / time). Median of ``--repeat`` passes over the copies, us per call.
 
-    .venv/bin/python scripts/bench_half_gemv.py [--shapes gpt2,llama] [--rows 1,2] [--vm]
+    .venv/bin/python scripts/bench_gemv.py [--shapes gpt2,llama] [--rows 1,2,4,8] \
+        [--dtype bfloat16|float32] [--vm]
 """
 
 from __future__ import annotations
@@ -96,10 +97,18 @@ def vm_linear():
     return call
 
 
+def forced(dtype: str):  # noqa: ANN201
+    """The library's switch of the GEMV for ``dtype`` (``mode``: -1 default, 0 off), or None."""
+    from plus_tvm.runtime import native
+
+    return native.function("gemv_half_force" if dtype == "bfloat16" else "gemv_float_force")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="gpt2,llama")
-    ap.add_argument("--rows", default="1,2")
+    ap.add_argument("--rows", default="1,2,4,8")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--vm", action="store_true", help="plus.linear as the VM calls it")
     ap.add_argument("--no-plus", action="store_true", help="torch only")
@@ -107,64 +116,65 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     bw = copy_bandwidth(args.repeat)
-    print(f"threads {torch.get_num_threads()}  copy bandwidth {bw:.1f} GB/s")
+    print(f"threads {torch.get_num_threads()}  copy bandwidth {bw:.1f} GB/s  dtype {args.dtype}")
     from plus_tvm import runtime as rt
 
     plus = None if args.no_plus else rt.KERNELS["plus.linear"]
     vm = vm_linear() if args.vm and not args.no_plus else None
+    switch = forced(args.dtype) if vm is not None else None
+    dtype = getattr(torch, args.dtype)
+    size = torch.finfo(dtype).bits // 8
     rows_list = [int(r) for r in args.rows.split(",")]
-    header = f"{'shape':18} {'KxN':>11} {'lay':>3} {'M':>2}  {'bf16':>8} {'fp32':>8}"
-    header += f" {'plus':>8} {'bound':>8}  {'bf16/bnd':>8} {'plus/bnd':>8}"
+    header = f"{'shape':18} {'KxN':>11} {'lay':>3} {'M':>2}  {'torch':>8}"
+    header += f" {'plus':>8} {'gemv off':>8} {'bound':>8}  {'torch/bnd':>9} {'plus/bnd':>8}"
     print(header)
     results = []
     for group in args.shapes.split(","):
         for name, k, n, layout in SHAPES[group]:
             wshape = (n, k) if layout == "nk" else (k, n)
-            half_bytes = 2 * k * n
-            copies = max(2, -(-STREAM_BYTES // (2 * half_bytes)))  # about 128 MiB of bf16
-            w16 = [(torch.randn(*wshape) / k**0.5).to(torch.bfloat16) for _ in range(copies)]
-            c32 = max(2, -(-STREAM_BYTES // (4 * k * n)))
-            w32 = [torch.randn(*wshape) / k**0.5 for _ in range(c32)]
+            nbytes = size * k * n
+            copies = max(2, -(-STREAM_BYTES // (2 * nbytes)))  # about 128 MiB of weights
+            ws = [(torch.randn(*wshape) / k**0.5).to(dtype) for _ in range(copies)]
             for m in rows_list:
-                x16 = torch.randn(m, k).to(torch.bfloat16)
-                x32 = x16.float()
-                o16 = torch.empty(m, n, dtype=torch.bfloat16)
-                o32 = torch.empty(m, n)
-                t16 = mm_call(x16, w16, o16, layout)
-                t32 = mm_call(x32, w32, o32, layout)
+                x = torch.randn(m, k).to(dtype)
+                out = torch.empty(m, n, dtype=dtype)
+                us_torch = time_calls(mm_call(x, ws, out, layout), copies, args.repeat)
                 config = f"w={layout}"
-                if vm is not None:
-                    tp = kernel_call(vm, x16, w16, config, o16)
-                elif plus is not None:
-                    tp = kernel_call(plus, x16, w16, config, o16)
-                else:
-                    tp = None
-                us16 = time_calls(t16, copies, args.repeat)
-                us32 = time_calls(t32, c32, args.repeat)
+                kernel = vm if vm is not None else plus
+                tp = kernel_call(kernel, x, ws, config, out) if kernel is not None else None
                 usp = time_calls(tp, copies, args.repeat) if tp is not None else float("nan")
+                us_off = float("nan")
+                if switch is not None:
+                    switch(0)
+                    us_off = time_calls(tp, copies, args.repeat)
+                    switch(-1)
                 if tp is not None:  # the plus result against torch's float32 on one copy
                     tp(0)
-                    ref = F.linear(x32, w16[0].float() if layout == "nk" else w16[0].float().t())
-                    err = float((o16.float() - ref).abs().max() / ref.abs().max())
+                    w0 = ws[0].float() if layout == "nk" else ws[0].float().t()
+                    ref = F.linear(x.float(), w0)
+                    err = float((out.float() - ref).abs().max() / ref.abs().max())
                 else:
                     err = float("nan")
-                bound = half_bytes / (bw * 1e9) * 1e6
+                bound = nbytes / (bw * 1e9) * 1e6
                 row = dict(
                     shape=name,
                     k=k,
                     n=n,
                     layout=layout,
                     rows=m,
-                    bf16_us=us16,
-                    fp32_us=us32,
+                    dtype=args.dtype,
+                    torch_us=us_torch,
                     plus_us=usp,
+                    gemv_off_us=us_off,
                     bound_us=bound,
                     plus_rel_err=err,
                 )
                 results.append(row)
                 print(
-                    f"{name:18} {k:>5}x{n:<5} {layout:>3} {m:>2}  {us16:8.1f} {us32:8.1f}"
-                    f" {usp:8.1f} {bound:8.1f}  {us16 / bound:8.2f} {usp / bound:8.2f}"
+                    f"{name:18} {k:>5}x{n:<5} {layout:>3} {m:>2}  {us_torch:8.1f}"
+                    f" {usp:8.1f} {us_off:8.1f} {bound:8.1f}  {us_torch / bound:9.2f}"
+                    f" {usp / bound:8.2f}",
+                    flush=True,
                 )
     if args.json:
         with open(args.json, "w") as f:
