@@ -76,9 +76,9 @@ def test_linear_widened_packs_float32_once_and_rounds_where_torch_does(parts, cp
     cpu(NO_BF16)
     torch.manual_seed(0)
     kernel = rt.KERNELS["plus.linear"]
-    x = rand(2, 3, 64)
+    x = rand(3, 4, 64)  # 12 rows: past the native GEMV's HALF_GEMV_MAX_ROWS (8)
     ws, bs = [rand(24, 64, scale=0.2) for _ in range(parts)], [rand(24) for _ in range(parts)]
-    residual = rand(2, 3, 24 * parts) if parts == 1 else None
+    residual = rand(3, 4, 24 * parts) if parts == 1 else None
     w32, b32 = torch.cat(ws).float(), torch.cat(bs).float()
     # torch's graph: the linear rounded, the activation's result rounded, the sum rounded
     y = F.linear(x.float(), w32, b32).to(BF16)
@@ -95,7 +95,7 @@ def test_linear_widened_packs_float32_once_and_rounds_where_torch_does(parts, cp
     inputs = [x, *ws, *bs, *([residual] if residual is not None else [])]
     packs, hits = kernel.cache.packs, kernel.cache.hits
     for _ in range(4):
-        out = torch.empty(2, 3, 24 * parts, dtype=BF16)
+        out = torch.empty(3, 4, 24 * parts, dtype=BF16)
         kernel.call(*inputs, config=cfg, out=out)
         near(out, want)
         near(out, torch_bf16, ulps=2)
