@@ -53,6 +53,8 @@ def main() -> int:
         raise SystemExit(f"--backends: unknown {unknown}; known: {', '.join(BACKENDS)}")
     jobs = [(m, d) for m in _split(args.models) for d in _split(args.dtypes)]
     progress = args.progress or (args.json + ".progress.jsonl" if args.json else None)
+    if args.report_only and not (progress and args.resume):
+        raise SystemExit("--report-only reads the progress file: give --resume (and --json)")
     done = _load_progress(progress, args) if progress and args.resume else {}
     if progress and not args.resume:
         open(progress, "w").close()
@@ -60,18 +62,21 @@ def main() -> int:
     bandwidth: list[dict] = []
     runs: list[dict] = []
     for r in range(args.rounds):
-        bandwidth.append(
-            _landed(
-                done,
-                progress,
-                settings,
-                (r, "bandwidth", None, None),
-                lambda: _spawn(args, "bandwidth", None, None),
+        if not args.report_only or (r, "bandwidth", None, None) in done:
+            bandwidth.append(
+                _landed(
+                    done,
+                    progress,
+                    settings,
+                    (r, "bandwidth", None, None),
+                    lambda: _spawn(args, "bandwidth", None, None),
+                )
             )
-        )
         order = backends if r % 2 == 0 else backends[::-1]
         for model, dtype in jobs:
             for backend in order:
+                if args.report_only and (r, backend, model, dtype) not in done:
+                    continue
                 result = _landed(
                     done,
                     progress,
@@ -135,6 +140,11 @@ def _parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="reuse the results already in the progress file (same settings) and run the rest",
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="with --resume: the table of what the progress file holds, running nothing",
     )
     p.add_argument("--worker", choices=(*BACKENDS, "bandwidth"), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
