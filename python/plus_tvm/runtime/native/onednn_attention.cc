@@ -205,46 +205,44 @@ void NarrowBf16(const float* x, void* y, int64_t n) {
 
 // ------------------------------------------------------------------------ decode (Sq == 1)
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) float DotF32(const float* a,
-                                                                           const float* b,
-                                                                           int64_t n) {
-  float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
+// How many keys (rows of k or v, [T, B, Hkv, D] apart by B * Hkv * D elements) ahead the decode
+// loops prefetch: the rows of one (batch, head) are far apart, beyond what the hardware's
+// stream prefetchers follow
+constexpr int64_t kKeysAhead = 4;
+
+template <typename T>
+inline void PrefetchRow(const T* row, int64_t n) {
+  for (int64_t i = 0; i < n; i += 64 / static_cast<int64_t>(sizeof(T))) __builtin_prefetch(row + i);
 }
 
-// ``a`` already widened to float32, ``b`` bfloat16
-__attribute__((target_clones("avx512f", "avx2", "default"))) float DotHalf(const float* a,
-                                                                            const uint16_t* b,
-                                                                            int64_t n) {
-  float acc = 0.f;
+inline float Wide(float x) { return x; }
+inline float Wide(uint16_t x) { return HalfToF32(x); }
+
+// s[j] = q . k_j for the ``sk`` keys ``stride`` elements apart (q in float32; k float32 or
+// bfloat16), one function call per (batch, head) rather than per key
+template <typename T>
+__attribute__((target_clones("avx512f", "avx2", "default"))) void Scores(
+    const float* q, const T* k, int64_t stride, int64_t sk, int64_t d, float* s) {
+  for (int64_t j = 0; j < sk; ++j) {
+    const T* row = k + j * stride;
+    if (j + kKeysAhead < sk) PrefetchRow(row + kKeysAhead * stride, d);
+    float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u = static_cast<uint32_t>(b[i]) << 16;
-    float x;
-    std::memcpy(&x, &u, 4);
-    acc += a[i] * x;
+    for (int64_t i = 0; i < d; ++i) acc += q[i] * Wide(row[i]);
+    s[j] = acc;
   }
-  return acc;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void AxpyF32(float p, const float* x,
-                                                                           float* acc, int64_t n) {
+// acc[i] += p[j] * v_j[i] over the ``sk`` rows of v ``stride`` elements apart
+template <typename T>
+__attribute__((target_clones("avx512f", "avx2", "default"))) void WeightedRows(
+    const float* p, const T* v, int64_t stride, int64_t sk, int64_t dv, float* acc) {
+  for (int64_t j = 0; j < sk; ++j) {
+    const T* row = v + j * stride;
+    if (j + kKeysAhead < sk) PrefetchRow(row + kKeysAhead * stride, dv);
+    const float pj = p[j];
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) acc[i] += p * x[i];
-}
-
-__attribute__((target_clones("avx512f", "avx2", "default"))) void AxpyHalf(float p,
-                                                                            const uint16_t* x,
-                                                                            float* acc,
-                                                                            int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u = static_cast<uint32_t>(x[i]) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    acc[i] += p * f;
+    for (int64_t i = 0; i < dv; ++i) acc[i] += pj * Wide(row[i]);
   }
 }
 
@@ -282,14 +280,10 @@ void DecodeAttention(const DecodeArgs& a) {
     if (a.half) {
       const uint16_t* qh = reinterpret_cast<const uint16_t*>(qrow);
       for (int64_t d = 0; d < a.D; ++d) qf[d] = HalfToF32(qh[d]);
-      for (int64_t j = 0; j < a.SK; ++j) {
-        s[j] = DotHalf(qf, reinterpret_cast<const uint16_t*>(kbase + j * a.ks[2] * elem), a.D);
-      }
+      Scores(qf, reinterpret_cast<const uint16_t*>(kbase), a.ks[2], a.SK, a.D, s);
     } else {
-      const float* q32 = reinterpret_cast<const float*>(qrow);
-      for (int64_t j = 0; j < a.SK; ++j) {
-        s[j] = DotF32(q32, reinterpret_cast<const float*>(kbase + j * a.ks[2] * elem), a.D);
-      }
+      Scores(reinterpret_cast<const float*>(qrow), reinterpret_cast<const float*>(kbase), a.ks[2],
+             a.SK, a.D, s);
     }
     // scale, masks, the softmax in float32
     const int64_t mrow = (a.mask_dims[0] == 1 ? 0 : b) * m1 + (a.mask_dims[1] == 1 ? 0 : h) * m2;
@@ -313,14 +307,13 @@ void DecodeAttention(const DecodeArgs& a) {
     }
     const float inv = 1.f / sum;
     for (int64_t d = 0; d < a.DV; ++d) acc[d] = 0.f;
-    for (int64_t j = 0; j < a.SK; ++j) {
-      float p = s[j] * inv;
-      if (a.half) {
-        p = HalfToF32(F32ToHalf(p));  // the probabilities in the call's dtype
-        AxpyHalf(p, reinterpret_cast<const uint16_t*>(vbase + j * a.vs[2] * elem), acc, a.DV);
-      } else {
-        AxpyF32(p, reinterpret_cast<const float*>(vbase + j * a.vs[2] * elem), acc, a.DV);
-      }
+    for (int64_t j = 0; j < a.SK; ++j) {  // the probabilities (in the call's dtype)
+      s[j] = a.half ? HalfToF32(F32ToHalf(s[j] * inv)) : s[j] * inv;
+    }
+    if (a.half) {
+      WeightedRows(s, reinterpret_cast<const uint16_t*>(vbase), a.vs[2], a.SK, a.DV, acc);
+    } else {
+      WeightedRows(s, reinterpret_cast<const float*>(vbase), a.vs[2], a.SK, a.DV, acc);
     }
     char* orow = a.out + (b * a.os[0] + h * a.os[1]) * elem;
     if (a.half) {
