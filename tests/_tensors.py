@@ -59,3 +59,26 @@ def packed_call_vm(kernel: str, shapes: list, config: str, out_shape: tuple, dty
         )
         bb.emit_func_output(out)
     return relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())["main"]
+
+
+def gemv_stats() -> dict:
+    """The native GEMV's counters and limits (``native/gemv.cc``: calls, float_calls,
+    max_rows, available)."""
+    import json
+
+    from plus_tvm.runtime import native
+
+    return json.loads(str(native.function("gemv_half_stats")()))
+
+
+def require_native_gemv() -> None:
+    """Fail where the native kernels are unavailable; skip where the CPU has no AVX2 + FMA
+    (the GEMV then declines every call)."""
+    import plus_tvm.runtime as rt
+    import pytest
+    from plus_tvm.runtime import native
+
+    if not rt.use_native():
+        pytest.fail(f"native kernels unavailable: {native.status()['reason']}")
+    if not gemv_stats()["available"]:
+        pytest.skip("the CPU has no AVX2 + FMA: the GEMV declines every call")

@@ -7,22 +7,16 @@ off (``gemv_float_force``) every call is oneDNN's and equal to it."""
 
 from __future__ import annotations
 
-import json
-
-import plus_tvm.runtime as rt
 import pytest
 import torch
-from _tensors import TORCH_ACTIVATIONS, from_tvm, to_tvm
+from _tensors import TORCH_ACTIVATIONS, from_tvm, gemv_stats, require_native_gemv, to_tvm
 from plus_tvm.runtime import native
 from torch.nn import functional as F  # noqa: N812
 
 
 @pytest.fixture(scope="module", autouse=True)
 def natives():
-    if not rt.use_native():
-        pytest.fail(f"native kernels unavailable: {native.status()['reason']}")
-    if not stats()["available"]:
-        pytest.skip("the CPU has no AVX2 + FMA: the GEMV declines every call")
+    require_native_gemv()
 
 
 @pytest.fixture
@@ -32,8 +26,7 @@ def force():
     native.function("gemv_float_force")(-1)
 
 
-def stats() -> dict:
-    return json.loads(str(native.function("gemv_half_stats")()))
+stats = gemv_stats
 
 
 def float_calls() -> int:

@@ -12,13 +12,11 @@ Dispatch with the CPU's answer forced both ways (``gemv_half_force`` for the C++
 
 from __future__ import annotations
 
-import json
-
 import plus_tvm
 import plus_tvm.runtime as rt
 import pytest
 import torch
-from _tensors import TORCH_ACTIVATIONS, from_tvm, to_tvm
+from _tensors import TORCH_ACTIVATIONS, from_tvm, gemv_stats, require_native_gemv, to_tvm
 from plus_tvm.runtime import _common, native
 from plus_tvm.runtime.linear import HALF_GEMV_MAX_ROWS
 from torch.nn import functional as F  # noqa: N812
@@ -31,10 +29,7 @@ ACTS = TORCH_ACTIVATIONS
 
 @pytest.fixture(scope="module", autouse=True)
 def natives():
-    if not rt.use_native():
-        pytest.fail(f"native kernels unavailable: {native.status()['reason']}")
-    if not stats()["available"]:
-        pytest.skip("the CPU has no AVX2 + FMA: the GEMV declines every call")
+    require_native_gemv()
 
 
 @pytest.fixture
@@ -49,8 +44,7 @@ def cpu(monkeypatch):
     native.function("gemv_half_force")(-1)
 
 
-def stats() -> dict:
-    return json.loads(str(native.function("gemv_half_stats")()))
+stats = gemv_stats
 
 
 def gemv_calls() -> int:
